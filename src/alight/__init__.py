@@ -1,0 +1,80 @@
+"""alight: train the LLM inside any existing AI agent with reinforcement learning.
+
+The package root stays light (no torch, transformers or litellm at import); the public API is
+re-exported here and loaded on first use.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0.dev0"
+
+_EXPORTS = {
+    "AlightError": "alight.errors",
+    "Attempt": "alight.types",
+    "AttemptStatus": "alight.types",
+    "LLMResource": "alight.types",
+    "PromptTemplate": "alight.types",
+    "ResourceSet": "alight.types",
+    "Rollout": "alight.types",
+    "RolloutMode": "alight.types",
+    "RolloutStatus": "alight.types",
+    "Span": "alight.types",
+    "SpanKind": "alight.types",
+    "Task": "alight.types",
+    "Transition": "alight.types",
+    "Store": "alight.store",
+    "MemoryStore": "alight.store",
+    "SqliteStore": "alight.store",
+    "StoreClient": "alight.store",
+}
+
+__all__ = [
+    "AlightError",
+    "Attempt",
+    "AttemptStatus",
+    "LLMResource",
+    "MemoryStore",
+    "PromptTemplate",
+    "ResourceSet",
+    "Rollout",
+    "RolloutMode",
+    "RolloutStatus",
+    "Span",
+    "SpanKind",
+    "SqliteStore",
+    "Store",
+    "StoreClient",
+    "Task",
+    "Transition",
+    "__version__",
+]
+
+if TYPE_CHECKING:
+    from alight.errors import AlightError
+    from alight.store import MemoryStore, SqliteStore, Store, StoreClient
+    from alight.types import (
+        Attempt,
+        AttemptStatus,
+        LLMResource,
+        PromptTemplate,
+        ResourceSet,
+        Rollout,
+        RolloutMode,
+        RolloutStatus,
+        Span,
+        SpanKind,
+        Task,
+        Transition,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'alight' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

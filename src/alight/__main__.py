@@ -1,0 +1,5 @@
+"""`python -m alight` runs the CLI."""
+
+from alight.cli.app import main
+
+main()

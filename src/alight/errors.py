@@ -1,0 +1,81 @@
+"""The one exception hierarchy of alight.
+
+Every error a user can cause is an `AlightError` with a one-line message; the CLI prints the
+message and exits with code 2. The HTTP store maps each class to a status code and back, so a
+caller sees the same exception whichever store implementation it talks to.
+"""
+
+from __future__ import annotations
+
+
+class AlightError(Exception):
+    """Base class of every error alight raises on purpose; `str(err)` is one line for the user."""
+
+    #: HTTP status the store server answers with for this error.
+    http_status: int = 400
+    #: Short machine-readable name carried in HTTP error bodies.
+    code: str = "alight_error"
+
+
+class ConfigError(AlightError):
+    """A configuration, path or command-line argument is wrong."""
+
+    code = "config_error"
+
+
+class StoreError(AlightError):
+    """The store refused an operation."""
+
+    http_status = 500
+    code = "store_error"
+
+
+class InvalidRequestError(StoreError):
+    """The request is malformed: bad JSON, a missing field, a value of the wrong type."""
+
+    http_status = 422
+    code = "invalid_request"
+
+
+class NotFoundError(StoreError):
+    """An id (rollout, attempt, resource version) that the store does not know."""
+
+    http_status = 404
+    code = "not_found"
+
+
+class InvalidTransitionError(StoreError):
+    """A status change that the rollout/attempt life cycle does not allow."""
+
+    http_status = 409
+    code = "invalid_transition"
+
+
+class PayloadTooLargeError(StoreError):
+    """A request body above the server's size limit."""
+
+    http_status = 413
+    code = "payload_too_large"
+
+
+class StoreUnavailableError(StoreError):
+    """The store server could not be reached, even after retries."""
+
+    http_status = 503
+    code = "store_unavailable"
+
+
+#: Error classes by their `code`, for the HTTP client to raise what the server raised.
+ERRORS_BY_CODE: dict[str, type[AlightError]] = {
+    cls.code: cls
+    for cls in (
+        AlightError,
+        ConfigError,
+        StoreError,
+        InvalidRequestError,
+        NotFoundError,
+        InvalidTransitionError,
+        PayloadTooLargeError,
+        StoreUnavailableError,
+    )
+}

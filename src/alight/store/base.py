@@ -1,0 +1,185 @@
+"""The `Store` protocol: the only channel between the algorithm side and the runner side.
+
+Every implementation (in-memory, SQLite, the HTTP client) passes one conformance suite
+(tests/store/test_conformance.py), so components take a `Store` and never care which one.
+All methods are coroutines; errors are `alight.errors.StoreError` subclasses.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Literal, Self
+
+from alight.types import (
+    Attempt,
+    AttemptStatus,
+    Claim,
+    Resource,
+    ResourceSet,
+    Rollout,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+)
+
+#: `query_spans(attempt_id=ALL_ATTEMPTS)` returns the spans of every attempt.
+ALL_ATTEMPTS: Literal["all"] = "all"
+
+
+class Store(abc.ABC):
+    """Rollouts, attempts, spans and resources, shared by the trainer, proxy and runners."""
+
+    # -- queue ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
+        """Queue rollouts (status `queuing`), in order. Idempotent by `rollout_id`: a rollout
+        that is already stored is returned as stored, unchanged."""
+
+    @abc.abstractmethod
+    async def dequeue(self, worker_id: str | None = None, *, attempt_id: str | None = None) -> Claim | None:
+        """Atomically claim the oldest queuing rollout with a new attempt, or return None.
+
+        No two callers ever get the same attempt. Passing `attempt_id` makes a retried call
+        idempotent: if that attempt already exists, its claim is returned again.
+        """
+
+    @abc.abstractmethod
+    async def start_attempt(self, attempt_id: str) -> Attempt:
+        """Mark a claimed attempt `running` (the agent started)."""
+
+    @abc.abstractmethod
+    async def heartbeat(self, attempt_id: str) -> Attempt:
+        """Record that a live attempt is alive; raises InvalidTransitionError once it has ended."""
+
+    @abc.abstractmethod
+    async def finish_attempt(
+        self,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        reward: float | None = None,
+        error: str | None = None,
+    ) -> Rollout:
+        """End an attempt. Succeeded: the rollout succeeds with `reward`. Failed or timed out: the
+        rollout is requeued while it has attempts left, else it ends with that status."""
+
+    @abc.abstractmethod
+    async def finish_rollout(self, rollout_id: str, status: RolloutStatus, *, reward: float | None = None) -> Rollout:
+        """End a rollout from outside its attempt (cancel it, or give its final reward)."""
+
+    # -- spans ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def add_spans(self, spans: Sequence[Span]) -> int:
+        """Store spans of known attempts; returns how many were new. Idempotent by
+        (attempt_id, span_id): writing a span twice stores it once. Spans without a
+        `sequence_id` get the next number of their attempt."""
+
+    @abc.abstractmethod
+    async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
+        """Spans of a rollout ordered by sequence id: of its latest attempt by default, of one
+        attempt, or of all attempts with `attempt_id=ALL_ATTEMPTS`."""
+
+    # -- reading ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        """One rollout; NotFoundError for an unknown id."""
+
+    @abc.abstractmethod
+    async def list_rollouts(
+        self,
+        *,
+        status: Sequence[RolloutStatus] | None = None,
+        ids: Sequence[str] | None = None,
+        mode: RolloutMode | None = None,
+        group_id: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Rollout]:
+        """Rollouts in enqueue order, filtered by every given criterion."""
+
+    @abc.abstractmethod
+    async def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        """Attempts of a rollout, first to last."""
+
+    @abc.abstractmethod
+    async def count_by_status(self) -> dict[RolloutStatus, int]:
+        """Number of rollouts in each status (every status present, zero included)."""
+
+    @abc.abstractmethod
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> list[Rollout]:
+        """Wait until every listed rollout has ended or `timeout` seconds pass; return the ended ones."""
+
+    # -- resources --------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourceSet:
+        """Publish a new resource set; its version is one above the latest."""
+
+    @abc.abstractmethod
+    async def get_latest_resources(self) -> ResourceSet | None:
+        """The newest resource set, or None before the first is published."""
+
+    @abc.abstractmethod
+    async def get_resources(self, version: int) -> ResourceSet:
+        """A resource set by version; NotFoundError for an unknown one."""
+
+    # -- upkeep -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def reap_timed_out(self, at: float | None = None) -> list[Attempt]:
+        """Watchdog: time out live attempts whose heartbeat or time limit has passed (at `at`,
+        default now) and requeue their rollouts while attempts remain. Returns those attempts."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook, most stores have nothing to close
+        """Release connections and files."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def all_status_counts(counts: Mapping[str, int]) -> dict[RolloutStatus, int]:
+    """Counts for every rollout status, zero where `counts` has none."""
+    return {status: int(counts.get(status.value, 0)) for status in RolloutStatus}
+
+
+class EndSignal:
+    """Wakes in-process waiters whenever some rollout ends (asyncio, one event loop)."""
+
+    def __init__(self) -> None:
+        self._event: asyncio.Event | None = None
+
+    def notify(self) -> None:
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def wait(self, timeout: float) -> None:
+        """Return when `notify` is called or after `timeout` seconds."""
+        if self._event is None:
+            self._event = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout)
+
+
+async def wait_until_ended(
+    fetch_ended: Callable[[Sequence[str]], Awaitable[list[Rollout]]],
+    rollout_ids: Sequence[str],
+    timeout: float,
+    signal: EndSignal,
+    poll_s: float,
+) -> list[Rollout]:
+    """Shared `wait_for_rollouts`: re-check on every end signal, and every `poll_s` seconds for
+    rollouts ended by other processes."""
+    wanted = len(set(rollout_ids))
+    deadline = time.monotonic() + max(timeout, 0.0)
+    while True:
+        ended = await fetch_ended(rollout_ids)
+        left = deadline - time.monotonic()
+        if len(ended) >= wanted or left <= 0:
+            return ended
+        await signal.wait(min(poll_s, left))

@@ -1,0 +1,601 @@
+"""The HTTP store server: any `Store` behind JSON routes, for runners in other processes or hosts.
+
+One route per `Store` method (see `create_app`). Errors travel as
+`{"error": {"code": ..., "message": ...}}` with the status of the `AlightError` class, so the
+client (`alight.store.client.StoreClient`) raises what the store raised. Hot routes skip
+FastAPI's body and response models: they read bytes, validate them with cached pydantic
+adapters, and answer bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+import fastapi
+import httpx
+import orjson
+import uvicorn
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from alight.errors import AlightError, ConfigError, InvalidRequestError, PayloadTooLargeError, StoreError
+from alight.store.base import ALL_ATTEMPTS, Store
+from alight.store.client import IDEMPOTENCY_HEADER, one_line
+from alight.types import (
+    Attempt,
+    AttemptStatus,
+    Claim,
+    Resource,
+    ResourceSet,
+    Rollout,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 32 * 2**20
+JSON = "application/json"
+_REMEMBERED_ANSWERS = 4096
+
+
+# -- request bodies ---------------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnqueueBody(_Body):
+    rollouts: list[Rollout]
+
+
+class DequeueBody(_Body):
+    worker_id: str | None = None
+    attempt_id: str | None = None
+
+
+class FinishAttemptBody(_Body):
+    status: AttemptStatus
+    reward: float | None = None
+    error: str | None = None
+
+
+class FinishRolloutBody(_Body):
+    status: RolloutStatus
+    reward: float | None = None
+
+
+class SpansBody(_Body):
+    spans: list[Span]
+    # Sizes of consecutive slices of `spans` written as separate `add_spans` calls, each with its
+    # own count or error in the answer: the client coalesces concurrent callers into one request.
+    groups: list[Annotated[int, Field(ge=0)]] | None = None
+
+
+class QueryBody(_Body):
+    status: list[RolloutStatus] | None = None
+    ids: list[str] | None = None
+    mode: RolloutMode | None = None
+    group_id: str | None = None
+    limit: int | None = Field(default=None, ge=0)
+    offset: int = Field(default=0, ge=0)
+
+
+class WaitBody(_Body):
+    rollout_ids: list[str]
+    timeout: float = Field(ge=0)
+
+
+class ResourcesBody(_Body):
+    resources: dict[str, Resource]
+
+
+class ReapBody(_Body):
+    at: float | None = None
+
+
+_B = TypeVar("_B", bound=_Body)
+_ADAPTERS: dict[type[_Body], TypeAdapter[Any]] = {}
+_ROLLOUT: TypeAdapter[Rollout] = TypeAdapter(Rollout)
+_ROLLOUTS: TypeAdapter[list[Rollout]] = TypeAdapter(list[Rollout])
+_ATTEMPT: TypeAdapter[Attempt] = TypeAdapter(Attempt)
+_ATTEMPTS: TypeAdapter[list[Attempt]] = TypeAdapter(list[Attempt])
+_CLAIM: TypeAdapter[Claim | None] = TypeAdapter(Claim | None)
+_SPANS: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
+_RESOURCE_SET: TypeAdapter[ResourceSet | None] = TypeAdapter(ResourceSet | None)
+
+
+def _adapter(model: type[_B]) -> TypeAdapter[_B]:
+    adapter = _ADAPTERS.get(model)
+    if adapter is None:
+        adapter = _ADAPTERS[model] = TypeAdapter(model)
+    return adapter
+
+
+def _parse(model: type[_B], data: bytes) -> _B:
+    """Validate a JSON body (an empty body is `{}`); ValidationError for anything wrong."""
+    return _adapter(model).validate_json(data or b"{}")
+
+
+# -- answers ----------------------------------------------------------------------------------
+
+
+def error_body(code: str, message: str) -> bytes:
+    return orjson.dumps({"error": {"code": code, "message": one_line(message)}})
+
+
+def _error(status: int, code: str, message: str) -> Response:
+    return Response(error_body(code, message), status_code=status, media_type=JSON)
+
+
+def validation_message(err: ValidationError) -> str:
+    """The first problem of a failed validation, its location and how many more there are."""
+    problems = err.errors(include_url=False, include_context=False, include_input=False)
+    first = problems[0]
+    where = ".".join(str(part) for part in first["loc"])
+    text = f"{where}: {first['msg']}" if where else first["msg"]
+    more = len(problems) - 1
+    return f"invalid request body: {text}" + (f" (and {more} more errors)" if more else "")
+
+
+Handler = Callable[[Request], Awaitable[bytes]]
+
+
+def _respond(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """Turn a handler returning JSON bytes into an endpoint that answers every failure as JSON."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return Response(await handler(request), media_type=JSON)
+        except AlightError as err:
+            return _error(err.http_status, err.code, str(err))
+        except ValidationError as err:
+            return _error(422, InvalidRequestError.code, validation_message(err))
+        except ClientDisconnect:
+            return _error(400, InvalidRequestError.code, "client disconnected while sending the body")
+        except Exception as err:
+            logger.exception("store server: %s %s failed", request.method, request.url.path)
+            return _error(500, StoreError.code, f"internal error: {type(err).__name__}: {err}")
+
+    return endpoint
+
+
+class _Remembered:
+    """Answers of recent requests by idempotency key: a retried write gets the first answer
+    (the same span counts, the same resource version) instead of being applied again."""
+
+    def __init__(self, size: int = _REMEMBERED_ANSWERS) -> None:
+        self._size = size
+        self._answers: OrderedDict[str, asyncio.Future[Response]] = OrderedDict()
+
+    def wrap(self, endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def remembered(request: Request) -> Response:
+            key = request.headers.get(IDEMPOTENCY_HEADER)
+            if key is None:
+                return await endpoint(request)
+            known = self._answers.get(key)
+            if known is not None:  # a retry, possibly while the first try still runs
+                return await asyncio.shield(known)
+            future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+            self._answers[key] = future
+            if len(self._answers) > self._size:
+                self._answers.popitem(last=False)
+            try:
+                response = await endpoint(request)
+            except BaseException:
+                self._answers.pop(key, None)
+                future.set_result(_error(503, "retry", "the first try of this request was interrupted"))
+                raise
+            if response.status_code >= 500:
+                self._answers.pop(key, None)  # let a later retry run again
+            future.set_result(response)
+            return response
+
+        return remembered
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with PayloadTooLargeError past `limit` bytes (checked on the
+    declared Content-Length first, then while streaming a chunked body)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise InvalidRequestError(f"bad Content-Length header {declared!r}") from None
+        if size > limit:
+            raise PayloadTooLargeError(f"request body of {size} bytes is over the limit of {limit} bytes")
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > limit:
+            raise PayloadTooLargeError(f"request body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# -- the app ----------------------------------------------------------------------------------
+
+
+def create_app(
+    store: Store,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    watchdog_interval_s: float | None = 1.0,
+) -> fastapi.FastAPI:
+    """The store's HTTP app. A lifespan task runs `store.reap_timed_out()` every
+    `watchdog_interval_s` seconds (None: never). The app does not close the store."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: fastapi.FastAPI) -> AsyncIterator[None]:
+        task = None
+        if watchdog_interval_s is not None:
+            task = asyncio.create_task(_watchdog(store, watchdog_interval_s), name="alight-store-watchdog")
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    app = fastapi.FastAPI(
+        title="alight store",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        # No OpenTelemetry spans for store requests: in a process whose tracer writes spans to
+        # the store, they would feed back into it (and they cost time on every request).
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
+    )
+
+    async def on_http_exception(request: Request, exc: Exception) -> Response:
+        # Unknown paths and methods answer in the same error format as everything else.
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        code = "not_found" if status == 404 else "http_error"
+        return _error(status, code, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}")
+
+    app.add_exception_handler(HTTPException, on_http_exception)
+    remembered = _Remembered()
+
+    def route(path: str, method: str, handler: Handler, *, idempotent: bool = False) -> None:
+        endpoint = _respond(handler)
+        app.add_route(path, remembered.wrap(endpoint) if idempotent else endpoint, methods=[method])
+
+    async def body(request: Request) -> bytes:
+        return await read_body(request, max_body_bytes)
+
+    # -- queue ----------------------------------------------------------------------------
+    async def enqueue(request: Request) -> bytes:
+        parsed = _parse(EnqueueBody, await body(request))
+        return _ROLLOUTS.dump_json(await store.enqueue(parsed.rollouts))
+
+    async def dequeue(request: Request) -> bytes:
+        parsed = _parse(DequeueBody, await body(request))
+        return _CLAIM.dump_json(await store.dequeue(parsed.worker_id, attempt_id=parsed.attempt_id))
+
+    async def start_attempt(request: Request) -> bytes:
+        return _ATTEMPT.dump_json(await store.start_attempt(request.path_params["attempt_id"]))
+
+    async def heartbeat(request: Request) -> bytes:
+        return _ATTEMPT.dump_json(await store.heartbeat(request.path_params["attempt_id"]))
+
+    async def finish_attempt(request: Request) -> bytes:
+        parsed = _parse(FinishAttemptBody, await body(request))
+        rollout = await store.finish_attempt(
+            request.path_params["attempt_id"], parsed.status, reward=parsed.reward, error=parsed.error
+        )
+        return _ROLLOUT.dump_json(rollout)
+
+    async def finish_rollout(request: Request) -> bytes:
+        parsed = _parse(FinishRolloutBody, await body(request))
+        rollout = await store.finish_rollout(request.path_params["rollout_id"], parsed.status, reward=parsed.reward)
+        return _ROLLOUT.dump_json(rollout)
+
+    # -- spans ----------------------------------------------------------------------------
+    async def add_spans(request: Request) -> bytes:
+        parsed = _parse(SpansBody, await body(request))
+        if parsed.groups is None:
+            return orjson.dumps({"added": await store.add_spans(parsed.spans)})
+        if sum(parsed.groups) != len(parsed.spans):
+            raise InvalidRequestError(
+                f"groups add up to {sum(parsed.groups)} spans, the request has {len(parsed.spans)}"
+            )
+        answers: list[dict[str, Any]] = []
+        total = start = 0
+        for size in parsed.groups:
+            try:
+                added = await store.add_spans(parsed.spans[start : start + size])
+            except AlightError as err:
+                answers.append({"error": {"code": err.code, "message": one_line(str(err))}})
+            else:
+                answers.append({"added": added})
+                total += added
+            start += size
+        return orjson.dumps({"added": total, "groups": answers})
+
+    async def query_spans(request: Request) -> bytes:
+        attempt_id = request.query_params.get("attempt_id")
+        spans = await store.query_spans(
+            request.path_params["rollout_id"], ALL_ATTEMPTS if attempt_id == ALL_ATTEMPTS else attempt_id
+        )
+        return _SPANS.dump_json(spans)
+
+    # -- reading --------------------------------------------------------------------------
+    async def get_rollout(request: Request) -> bytes:
+        return _ROLLOUT.dump_json(await store.get_rollout(request.path_params["rollout_id"]))
+
+    async def run_query(query: QueryBody) -> bytes:
+        rollouts = await store.list_rollouts(
+            status=query.status,
+            ids=query.ids,
+            mode=query.mode,
+            group_id=query.group_id,
+            limit=query.limit,
+            offset=query.offset,
+        )
+        return _ROLLOUTS.dump_json(rollouts)
+
+    async def list_rollouts(request: Request) -> bytes:
+        params = request.query_params
+        raw: dict[str, Any] = {key: params.get(key) for key in ("mode", "group_id", "limit") if key in params}
+        raw["offset"] = params.get("offset", "0")
+        for key in ("status", "ids"):
+            if key in params:
+                raw[key] = params.getlist(key)
+        return await run_query(_adapter(QueryBody).validate_python(raw))
+
+    async def query_rollouts(request: Request) -> bytes:
+        return await run_query(_parse(QueryBody, await body(request)))
+
+    async def list_attempts(request: Request) -> bytes:
+        return _ATTEMPTS.dump_json(await store.list_attempts(request.path_params["rollout_id"]))
+
+    async def counts(request: Request) -> bytes:
+        return orjson.dumps({status.value: n for status, n in (await store.count_by_status()).items()})
+
+    async def wait(request: Request) -> bytes:
+        parsed = _parse(WaitBody, await body(request))
+        return _ROLLOUTS.dump_json(await store.wait_for_rollouts(parsed.rollout_ids, parsed.timeout))
+
+    # -- resources ------------------------------------------------------------------------
+    async def add_resources(request: Request) -> bytes:
+        parsed = _parse(ResourcesBody, await body(request))
+        return _RESOURCE_SET.dump_json(await store.add_resources(parsed.resources))
+
+    async def latest_resources(request: Request) -> bytes:
+        return _RESOURCE_SET.dump_json(await store.get_latest_resources())
+
+    async def get_resources(request: Request) -> bytes:
+        version = request.path_params["version"]
+        try:
+            number = int(version)
+        except ValueError:
+            raise InvalidRequestError(f"resources version must be an integer, got {version!r}") from None
+        return _RESOURCE_SET.dump_json(await store.get_resources(number))
+
+    # -- upkeep ---------------------------------------------------------------------------
+    async def reap(request: Request) -> bytes:
+        parsed = _parse(ReapBody, await body(request))
+        return _ATTEMPTS.dump_json(await store.reap_timed_out(parsed.at))
+
+    async def health(request: Request) -> bytes:
+        return b'{"status":"ok"}'
+
+    route("/store/enqueue", "POST", enqueue)
+    route("/store/dequeue", "POST", dequeue)
+    route("/store/attempts/{attempt_id}/start", "POST", start_attempt)
+    route("/store/attempts/{attempt_id}/heartbeat", "POST", heartbeat)
+    route("/store/attempts/{attempt_id}/finish", "POST", finish_attempt)
+    route("/store/rollouts/{rollout_id}/finish", "POST", finish_rollout)
+    route("/store/spans", "POST", add_spans, idempotent=True)
+    route("/store/rollouts", "GET", list_rollouts)
+    route("/store/rollouts/query", "POST", query_rollouts)
+    route("/store/rollouts/{rollout_id}", "GET", get_rollout)
+    route("/store/rollouts/{rollout_id}/attempts", "GET", list_attempts)
+    route("/store/rollouts/{rollout_id}/spans", "GET", query_spans)
+    route("/store/wait", "POST", wait)
+    route("/store/resources", "POST", add_resources, idempotent=True)
+    route("/store/resources/latest", "GET", latest_resources)
+    route("/store/resources/{version}", "GET", get_resources)
+    route("/store/counts", "GET", counts)
+    route("/store/reap", "POST", reap, idempotent=True)
+    route("/health", "GET", health)
+    return app
+
+
+async def _watchdog(store: Store, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            reaped = await store.reap_timed_out()
+        except Exception:
+            logger.exception("store watchdog: reap_timed_out failed; trying again in %.1f s", interval_s)
+        else:
+            if reaped:
+                logger.info("store watchdog: timed out %d attempt(s)", len(reaped))
+
+
+# -- running it -------------------------------------------------------------------------------
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise ConfigError(f"the store server cannot listen on {host}:{port}: {err.strerror or err}") from None
+    return sock
+
+
+class StoreServer:
+    """Serves a store over HTTP from a daemon thread with its own event loop (uvloop).
+
+    The store object is used only on that thread's loop, and closed there by `stop()`.
+    Port 0 (the default) picks a free port; `url` gives the real one once started.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        watchdog_interval_s: float | None = 1.0,
+    ) -> None:
+        self.store = store
+        self.host = host
+        self.port = port
+        self._app = create_app(store, max_body_bytes=max_body_bytes, watchdog_interval_s=watchdog_interval_s)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        # Set when the server thread is done (store closed). Waited on instead of Thread.join: a
+        # Ctrl-C landing inside join() can leave CPython believing a running thread has ended.
+        self._stopped = threading.Event()
+        self._failure: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> StoreServer:
+        """Start serving; return once the server answers `/health`."""
+        if self._thread is not None:
+            raise StoreError("the store server is already started")
+        sock = _listen(self.host, self.port)
+        self.port = sock.getsockname()[1]
+        self._stopped.clear()
+        config = uvicorn.Config(
+            self._app,
+            loop="uvloop",
+            http="httptools",
+            access_log=False,
+            log_level="warning",
+            log_config=None,  # leave the application's logging setup alone
+            timeout_keep_alive=30,  # longer than the client's idle expiry (4 s): the client closes first
+            timeout_graceful_shutdown=5,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._run, args=(self._server, sock), name=f"alight-store-{self.port}", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._answers():
+            if self._stopped.is_set():
+                self._server = self._thread = None
+                raise StoreError(f"the store server on {self.url} stopped while starting: {self._failure!r}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise StoreError(f"the store server on {self.url} did not answer within {timeout_s:.0f} s")
+            time.sleep(0.01)
+        return self
+
+    def _answers(self) -> bool:
+        if self._server is None or not self._server.started:
+            return False
+        try:
+            with httpx.Client(trust_env=False, timeout=2.0) as http:
+                return http.get(self.url + "/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _run(self, server: uvicorn.Server, sock: socket.socket) -> None:
+        async def main() -> None:
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                await self.store.close()
+
+        try:
+            with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+                runner.run(main())
+        except BaseException as err:  # uvicorn exits with SystemExit when startup fails
+            self._failure = err
+            logger.exception("the store server on %s stopped", self.url)
+        finally:
+            sock.close()
+            self._stopped.set()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Shut down gracefully, wait for the thread, and close the store (on the server's loop)."""
+        if self._server is None or self._thread is None:
+            return
+        self._server.should_exit = True
+        if not self._stopped.wait(timeout_s):
+            self._server.force_exit = True
+            self._stopped.wait(timeout_s)
+        self._thread.join(1.0)
+        self._server = None
+        self._thread = None
+
+    def __enter__(self) -> StoreServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(
+    store: Store,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 4747,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    watchdog_interval_s: float | None = 1.0,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve `store` until Ctrl-C or SIGTERM, then shut down gracefully and close the store.
+    `on_ready` is called with the server's URL once it answers (ConfigError before that if the
+    port is taken)."""
+    server = StoreServer(
+        store, host=host, port=port, max_body_bytes=max_body_bytes, watchdog_interval_s=watchdog_interval_s
+    )
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
+    if in_main_thread:
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        try:
+            server.start()
+        except ConfigError:  # never served (the port is taken): the store is still ours to close
+            asyncio.run(store.close())
+            raise
+        logger.debug("alight store serving on %s", server.url)
+        if on_ready is not None:
+            on_ready(server.url)
+        while not server._stopped.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        logger.info("alight store on %s: stopping", server.url)
+    finally:
+        server.stop()
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    # Once: a second SIGTERM (a supervisor insisting) must not cut the graceful shutdown short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt

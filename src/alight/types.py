@@ -1,0 +1,213 @@
+"""The data model: tasks, rollouts, attempts, spans, resources and transitions.
+
+A *task* is one dataset sample. Enqueuing a task creates a *rollout* (one run of the agent on the
+task); each try at running it is an *attempt*. While an attempt runs, tracers and the LLM proxy
+write *spans* (LLM calls, tool calls, rewards, agent steps). The algorithm publishes versioned
+*resources* (the LLM endpoint, prompt templates) that runners hand to the agent. The adapter turns
+a rollout's spans into *transitions*, the unit the trainer consumes.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def new_id(prefix: str) -> str:
+    """A fresh random id such as ``ro-3f2a...`` (96 random bits)."""
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> float:
+    """Wall-clock time in seconds since the epoch, the unit of every timestamp in the model."""
+    return time.time()
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+class RolloutStatus(StrEnum):
+    """Where a rollout is in its life cycle."""
+
+    QUEUING = "queuing"  # waiting for a runner (new, or requeued after a failed attempt)
+    RUNNING = "running"  # an attempt holds it
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # the last allowed attempt failed
+    TIMEOUT = "timeout"  # the last allowed attempt timed out
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_ROLLOUT
+
+
+_TERMINAL_ROLLOUT = frozenset(
+    {RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.TIMEOUT, RolloutStatus.CANCELLED}
+)
+
+
+class AttemptStatus(StrEnum):
+    """Where one attempt at a rollout is."""
+
+    PREPARING = "preparing"  # claimed by a runner, agent not started yet
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (AttemptStatus.PREPARING, AttemptStatus.RUNNING)
+
+
+class RolloutMode(StrEnum):
+    """Why a rollout runs: to train on, to validate with, or a dry run."""
+
+    TRAIN = "train"
+    VAL = "val"
+    DEV = "dev"
+
+
+class SpanKind(StrEnum):
+    LLM = "llm"
+    TOOL = "tool"
+    REWARD = "reward"
+    AGENT = "agent"
+    OTHER = "other"
+
+
+class SpanStatus(StrEnum):
+    UNSET = "unset"
+    OK = "ok"
+    ERROR = "error"
+
+
+class Task(_Model):
+    """One dataset sample handed to the agent."""
+
+    task_id: str = Field(default_factory=lambda: new_id("task"))
+    input: Any  # any JSON value, usually a dict of the dataset row
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Rollout(_Model):
+    """One run of the agent on a task, retried as new attempts up to `max_attempts`."""
+
+    rollout_id: str = Field(default_factory=lambda: new_id("ro"))
+    task: Task
+    mode: RolloutMode = RolloutMode.TRAIN
+    group_id: str | None = None  # rollouts of one task sampled together (GRPO group)
+    resources_version: int | None = None  # resource set to use; None: the latest at claim time
+    max_attempts: int = Field(default=1, ge=1)
+    timeout_s: float | None = Field(default=None, gt=0)  # wall-clock limit of one attempt
+    heartbeat_timeout_s: float | None = Field(default=60.0, gt=0)  # silence that times an attempt out
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    # Managed by the store; values passed to enqueue are ignored.
+    status: RolloutStatus = RolloutStatus.QUEUING
+    attempt_count: int = 0
+    reward: float | None = None
+    created_at: float = 0.0
+    started_at: float | None = None  # first claim
+    ended_at: float | None = None
+
+
+class Attempt(_Model):
+    """One try at running a rollout, held by one runner."""
+
+    attempt_id: str = Field(default_factory=lambda: new_id("at"))
+    rollout_id: str
+    number: int = Field(ge=1)  # 1 for the first attempt of the rollout
+    status: AttemptStatus = AttemptStatus.PREPARING
+    worker_id: str | None = None
+    timeout_s: float | None = None  # copied from the rollout at claim time
+    heartbeat_timeout_s: float | None = None
+    claimed_at: float
+    started_at: float | None = None
+    last_heartbeat_at: float
+    ended_at: float | None = None
+    error: str | None = None  # message or traceback of a failed attempt
+
+    def expired(self, at: float) -> bool:
+        """True when a live attempt has outlived its timeout or missed its heartbeat at time `at`."""
+        if self.status.is_terminal:
+            return False
+        if self.heartbeat_timeout_s is not None and at - self.last_heartbeat_at > self.heartbeat_timeout_s:
+            return True
+        begun = self.started_at if self.started_at is not None else self.claimed_at
+        return self.timeout_s is not None and at - begun > self.timeout_s
+
+
+class Claim(_Model):
+    """What a runner gets from `dequeue`: the rollout and the attempt it now holds."""
+
+    rollout: Rollout
+    attempt: Attempt
+
+
+class Span(_Model):
+    """One recorded operation inside an attempt: an LLM call, a tool call, a reward, an agent step."""
+
+    rollout_id: str
+    attempt_id: str
+    sequence_id: int | None = None  # order within the attempt; the store assigns it when None
+    trace_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    span_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:16])
+    parent_id: str | None = None
+    name: str
+    kind: SpanKind = SpanKind.OTHER
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    start_time: float = Field(default_factory=now)
+    end_time: float | None = None
+    status: SpanStatus = SpanStatus.UNSET
+    status_message: str | None = None
+
+
+class LLMResource(_Model):
+    """An OpenAI-compatible endpoint and the model and sampling parameters to call it with."""
+
+    type: Literal["llm"] = "llm"
+    endpoint: str  # base URL; runners bind it to the rollout and attempt
+    model: str
+    sampling_parameters: dict[str, Any] = Field(default_factory=dict)
+    api_key: str | None = None
+
+
+class PromptTemplate(_Model):
+    """A prompt the algorithm may rewrite (APO); `engine` says how placeholders are filled."""
+
+    type: Literal["prompt_template"] = "prompt_template"
+    template: str
+    engine: Literal["f-string", "jinja"] = "f-string"
+
+
+Resource = Annotated[LLMResource | PromptTemplate, Field(discriminator="type")]
+
+
+class ResourceSet(_Model):
+    """A versioned set of named resources; the store numbers versions 1, 2, 3, ..."""
+
+    version: int
+    resources: dict[str, Resource]
+    created_at: float
+
+
+class Transition(_Model):
+    """One (prompt, response, reward) sample the trainer learns from, cut from an LLM span."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float] | None = None
+    reward: float
+    agent_name: str | None = None
+    step_index: int = 0  # position among the kept LLM calls of the attempt
+    rollout_id: str
+    attempt_id: str | None = None
+    group_id: str | None = None
+    span_id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,40 @@
+"""The `store` fixture: every conformance test runs once per Store implementation.
+
+`http+sqlite` and `http+memory` run the real server (uvicorn on loopback, in a thread) over
+that store and talk to it through the real httpx client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from alight.store import MemoryStore, Store
+
+IMPLEMENTATIONS = ["memory", "sqlite", "http+memory", "http+sqlite"]
+
+
+def local_store(kind: str, tmp_path: Path) -> Store:
+    if kind == "memory":
+        return MemoryStore()
+    from alight.store.sqlite import SqliteStore
+
+    return SqliteStore(tmp_path / "store.db")
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    kind: str = request.param
+    if not kind.startswith("http+"):
+        async with local_store(kind, tmp_path) as impl:
+            yield impl
+        return
+    from alight.store.client import StoreClient
+    from alight.store.server import StoreServer
+
+    # The watchdog is off so the tests drive reap_timed_out themselves.
+    with StoreServer(local_store(kind.removeprefix("http+"), tmp_path), watchdog_interval_s=None) as server:
+        async with StoreClient(server.url) as client:
+            yield client
