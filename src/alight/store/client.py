@@ -8,40 +8,33 @@ cycles/s (benchmarks/store_bench.py).
 
 Connection failures and 503 answers are retried with exponential backoff and jitter; every
 retried call is safe (enqueue is idempotent by rollout id, dequeue always carries an attempt id,
-finishes are idempotent, span and resource writes carry an idempotency key). Spans from
-concurrent callers are coalesced into batched requests, sent one at a time in call order so the
-store numbers each attempt's spans in the order they were written.
+finishes are idempotent, span and resource writes carry an idempotency key). Span writes go
+through a `SpanBatcher`, which coalesces concurrent callers into few requests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
-from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 import orjson
-from pydantic import TypeAdapter
 from yarl import URL
 
 from alight.errors import (
-    ERRORS_BY_CODE,
     AlightError,
     ConfigError,
-    InvalidRequestError,
-    InvalidTransitionError,
-    NotFoundError,
     PayloadTooLargeError,
     StoreError,
     StoreUnavailableError,
 )
+from alight.store import wire
 from alight.store.base import Store
+from alight.store.span_batcher import SpanBatcher
+from alight.store.wire import IDEMPOTENCY_HEADER, one_line
 from alight.types import (
     Attempt,
     AttemptStatus,
@@ -57,54 +50,9 @@ from alight.types import (
 
 logger = logging.getLogger(__name__)
 
-#: Header naming a write whose answer the server remembers, so a retried write is not applied twice.
-IDEMPOTENCY_HEADER = "idempotency-key"
-
-_ROLLOUT: TypeAdapter[Rollout] = TypeAdapter(Rollout)
-_ROLLOUTS: TypeAdapter[list[Rollout]] = TypeAdapter(list[Rollout])
-_ATTEMPT: TypeAdapter[Attempt] = TypeAdapter(Attempt)
-_ATTEMPTS: TypeAdapter[list[Attempt]] = TypeAdapter(list[Attempt])
-_CLAIM: TypeAdapter[Claim | None] = TypeAdapter(Claim | None)
-_SPANS: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
-_RESOURCES: TypeAdapter[dict[str, Resource]] = TypeAdapter(dict[str, Resource])
-_RESOURCE_SET: TypeAdapter[ResourceSet] = TypeAdapter(ResourceSet)
-_MAYBE_RESOURCE_SET: TypeAdapter[ResourceSet | None] = TypeAdapter(ResourceSet | None)
-
 # Errors worth another try: the request may not have reached the store, or its answer was lost.
 # A read timeout is not among them: the server got the request and is slow, trying again adds load.
 _RETRIED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
-_BY_STATUS: dict[int, type[AlightError]] = {
-    404: NotFoundError,
-    409: InvalidTransitionError,
-    413: PayloadTooLargeError,
-    422: InvalidRequestError,
-    503: StoreUnavailableError,
-}
-
-
-def one_line(text: str, limit: int = 1000) -> str:
-    """`text` on one line (whitespace runs collapsed), cut to `limit` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-def _raised(status: int, error: Any, fallback: str) -> AlightError:
-    """The exception the server raised, from its `{"code", "message"}` error object."""
-    if isinstance(error, dict) and isinstance(error.get("code"), str):
-        cls = ERRORS_BY_CODE.get(error["code"]) or _BY_STATUS.get(status, StoreError)
-        return cls(one_line(str(error.get("message", ""))))
-    return _BY_STATUS.get(status, StoreError)(one_line(fallback))
-
-
-@dataclass(eq=False)
-class _Group:
-    """Spans written by one call, stored by one `add_spans` on the server. `future` gets the
-    count or the error; None for `add_spans_nowait`. A flush marker has no spans: it is released
-    once everything queued before it is acknowledged."""
-
-    spans: list[Span]
-    future: asyncio.Future[int] | None
-    marker: bool = False
 
 
 class StoreClient(Store):
@@ -135,15 +83,7 @@ class StoreClient(Store):
             raise ConfigError(f"bad store URL {url!r}: expected http://HOST:PORT or https://HOST:PORT")
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Span batching, all on `_loop`.
-        self._queue: deque[_Group] = deque()
-        self._queued_nowait = 0  # spans of nowait groups in the queue
-        self._waiters = 0  # groups in the queue that someone awaits (calls and flushes)
-        self._open: dict[str, _Group] = {}  # attempt id -> nowait group still taking spans
-        self._oldest = 0.0  # loop time when the oldest buffered nowait span arrived
-        self._wake: asyncio.Event | None = None
-        self._sender: asyncio.Task[None] | None = None
-        self._background_errors: list[AlightError] = []
+        self._batcher: SpanBatcher | None = None
 
     # -- transport ------------------------------------------------------------------------
     def _bind(self) -> None:
@@ -155,10 +95,7 @@ class StoreClient(Store):
         # Keep-alive shorter than the server's (30 s), so the client is the side that closes.
         connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=15.0)
         self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
-        self._queue.clear()
-        self._open.clear()
-        self._queued_nowait = self._waiters = 0
-        self._wake, self._sender = asyncio.Event(), None
+        self._batcher = SpanBatcher(self._post_groups, self.span_batch_size, self.span_flush_interval_s, self.url)
 
     async def _send(
         self, method: str, path: str, body: bytes, key: str | None, read_timeout: float | None
@@ -213,29 +150,29 @@ class StoreClient(Store):
                 error = None
             fallback = f"HTTP {status} from {method} {self.url}{path}: {content[:200].decode(errors='replace')}"
             if status == 503:
-                last = str(_raised(status, error, fallback))
+                last = str(wire.raised(status, error, fallback))
                 continue
-            raise _raised(status, error, fallback)
+            raise wire.raised(status, error, fallback)
         raise StoreUnavailableError(
             one_line(f"the store at {self.url} is unreachable after {self.max_retries + 1} tries: {last}")
         )
 
     # -- queue ----------------------------------------------------------------------------
     async def enqueue(self, rollouts: Sequence[Rollout]) -> list[Rollout]:
-        body = b'{"rollouts":' + _ROLLOUTS.dump_json(list(rollouts)) + b"}"
-        return _ROLLOUTS.validate_json(await self._call("POST", "/store/enqueue", body))
+        body = b'{"rollouts":' + wire.ROLLOUTS.dump_json(list(rollouts)) + b"}"
+        return wire.ROLLOUTS.validate_json(await self._call("POST", "/store/enqueue", body))
 
     async def dequeue(self, worker_id: str | None = None, *, attempt_id: str | None = None) -> Claim | None:
         # Always name the attempt, so a retried request returns the same claim.
         body = orjson.dumps({"worker_id": worker_id, "attempt_id": attempt_id or new_id("at")})
-        return _CLAIM.validate_json(await self._call("POST", "/store/dequeue", body))
+        return wire.MAYBE_CLAIM.validate_json(await self._call("POST", "/store/dequeue", body))
 
     async def start_attempt(self, attempt_id: str) -> Attempt:
-        return _ATTEMPT.validate_json(await self._call("POST", f"/store/attempts/{_quote(attempt_id)}/start"))
+        return wire.ATTEMPT.validate_json(await self._call("POST", f"/store/attempts/{_quote(attempt_id)}/start"))
 
     async def heartbeat(self, attempt_id: str) -> Attempt:
         path = f"/store/attempts/{_quote(attempt_id)}/heartbeat"
-        return _ATTEMPT.validate_json(await self._call("POST", path))
+        return wire.ATTEMPT.validate_json(await self._call("POST", path))
 
     async def finish_attempt(
         self,
@@ -247,12 +184,12 @@ class StoreClient(Store):
     ) -> Rollout:
         body = orjson.dumps({"status": status, "reward": reward, "error": error})
         path = f"/store/attempts/{_quote(attempt_id)}/finish"
-        return _ROLLOUT.validate_json(await self._call("POST", path, body))
+        return wire.ROLLOUT.validate_json(await self._call("POST", path, body))
 
     async def finish_rollout(self, rollout_id: str, status: RolloutStatus, *, reward: float | None = None) -> Rollout:
         body = orjson.dumps({"status": status, "reward": reward})
         path = f"/store/rollouts/{_quote(rollout_id)}/finish"
-        return _ROLLOUT.validate_json(await self._call("POST", path, body))
+        return wire.ROLLOUT.validate_json(await self._call("POST", path, body))
 
     # -- spans ----------------------------------------------------------------------------
     async def add_spans(self, spans: Sequence[Span]) -> int:
@@ -262,130 +199,23 @@ class StoreClient(Store):
         server, so its count and its errors are its own. A call of more than `span_batch_size`
         spans is sent as several parts: if one part is refused, the others may be stored.
         """
-        spans = list(spans)
-        if not spans:
-            return 0
         self._bind()
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[int]] = []
-        size = self.span_batch_size
-        for begin in range(0, len(spans), size):
-            future: asyncio.Future[int] = loop.create_future()
-            group = _Group(spans[begin : begin + size], future)
-            for span in group.spans:  # later nowait spans of these attempts must go after this call
-                self._open.pop(span.attempt_id, None)
-            self._push(group)
-            futures.append(future)
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        return sum(results)  # type: ignore[arg-type]
+        assert self._batcher is not None
+        return await self._batcher.add(spans)
 
     def add_spans_nowait(self, spans: Sequence[Span]) -> None:
         """Buffer spans for a background write (when `span_batch_size` are buffered, else within
         `span_flush_interval_s`). Must be called inside the running loop; errors come from `flush`."""
         self._bind()
-        for span in spans:
-            group = self._open.get(span.attempt_id)
-            if group is None or len(group.spans) >= self.span_batch_size:
-                # One group per attempt: an unknown attempt loses only its own spans.
-                group = self._open[span.attempt_id] = _Group([], None)
-                self._push(group)
-            group.spans.append(span)
-            self._queued_nowait += 1
-        if self._queued_nowait >= self.span_batch_size and self._wake is not None:
-            self._wake.set()
+        assert self._batcher is not None
+        self._batcher.add_nowait(spans)
 
     async def flush(self) -> None:
         """Return once every buffered span is acknowledged; raise the first error a background
         write hit since the last flush."""
         self._bind()
-        marker = _Group([], asyncio.get_running_loop().create_future(), marker=True)
-        self._push(marker)
-        assert marker.future is not None
-        await marker.future
-        if self._background_errors:
-            first, self._background_errors = self._background_errors[0], []
-            raise first
-
-    def _push(self, group: _Group) -> None:
-        if not self._queue:
-            self._oldest = asyncio.get_running_loop().time()
-        self._queue.append(group)
-        if group.future is not None:
-            self._waiters += 1
-        assert self._wake is not None
-        self._wake.set()
-        if self._sender is None or self._sender.done():
-            self._sender = asyncio.create_task(self._send_spans(), name="alight-span-sender")
-
-    async def _send_spans(self) -> None:
-        """The one sender: batches go out one at a time, in the order their spans were written."""
-        assert self._wake is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._queue:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            if not self._waiters and self._queued_nowait < self.span_batch_size:
-                delay = self._oldest + self.span_flush_interval_s - loop.time()
-                if delay > 0:
-                    self._wake.clear()
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(delay):
-                            await self._wake.wait()
-                    continue
-            batch = self._take_batch()
-            if batch:
-                try:
-                    results = await self._post_groups([group.spans for group in batch])
-                except Exception as err:  # never let the sender die: its callers would hang
-                    logger.exception("span write to %s failed", self.url)
-                    results = [StoreError(one_line(f"span write failed: {type(err).__name__}: {err}"))]
-                    results *= len(batch)
-                for group, result in zip(batch, results, strict=True):
-                    self._settle(group, result)
-
-    def _take_batch(self) -> list[_Group]:
-        """Groups from the front of the queue, up to `span_batch_size` spans; releases flush
-        markers reached with nothing sent before them."""
-        batch: list[_Group] = []
-        count = 0
-        while self._queue:
-            group = self._queue[0]
-            if group.marker:
-                if batch:
-                    break
-                self._queue.popleft()
-                self._settle(group, 0)
-                continue
-            if batch and count + len(group.spans) > self.span_batch_size:
-                break
-            self._queue.popleft()
-            if group.future is None:
-                self._queued_nowait -= len(group.spans)
-                if self._open.get(group.spans[0].attempt_id) is group:
-                    del self._open[group.spans[0].attempt_id]
-            batch.append(group)
-            count += len(group.spans)
-        self._oldest = asyncio.get_running_loop().time()
-        return batch
-
-    def _settle(self, group: _Group, result: int | AlightError) -> None:
-        if group.future is None:
-            if isinstance(result, AlightError):
-                logger.warning("background write of %d spans to %s failed: %s", len(group.spans), self.url, result)
-                self._background_errors.append(result)
-            return
-        self._waiters -= 1
-        if group.future.done():  # the caller was cancelled
-            return
-        if isinstance(result, AlightError):
-            group.future.set_exception(result)
-        else:
-            group.future.set_result(result)
+        assert self._batcher is not None
+        await self._batcher.flush()
 
     async def _post_groups(self, groups: list[list[Span]]) -> list[int | AlightError]:
         """Each group's count or error. A batch over the server's size limit is split in halves."""
@@ -407,23 +237,23 @@ class StoreClient(Store):
     async def _post_span_request(self, groups: list[list[Span]]) -> list[int | AlightError]:
         every = [span for group in groups for span in group]
         sizes = orjson.dumps([len(group) for group in groups])
-        body = b'{"spans":' + _SPANS.dump_json(every) + b',"groups":' + sizes + b"}"
+        body = b'{"spans":' + wire.SPANS.dump_json(every) + b',"groups":' + sizes + b"}"
         answer = orjson.loads(await self._call("POST", "/store/spans", body, idempotency_key=new_id("rq")))
         results: list[int | AlightError] = []
         for item in answer["groups"]:
             error = item.get("error")
-            results.append(_raised(200, error, str(error)) if error is not None else int(item["added"]))
+            results.append(wire.raised(200, error, str(error)) if error is not None else int(item["added"]))
         return results
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         path = f"/store/rollouts/{_quote(rollout_id)}/spans"
         if attempt_id is not None:
             path += f"?attempt_id={_quote(attempt_id)}"
-        return _SPANS.validate_json(await self._call("GET", path))
+        return wire.SPANS.validate_json(await self._call("GET", path))
 
     # -- reading --------------------------------------------------------------------------
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        return _ROLLOUT.validate_json(await self._call("GET", f"/store/rollouts/{_quote(rollout_id)}"))
+        return wire.ROLLOUT.validate_json(await self._call("GET", f"/store/rollouts/{_quote(rollout_id)}"))
 
     async def list_rollouts(
         self,
@@ -443,11 +273,11 @@ class StoreClient(Store):
             "limit": limit,
             "offset": offset,
         }
-        return _ROLLOUTS.validate_json(await self._call("POST", "/store/rollouts/query", orjson.dumps(query)))
+        return wire.ROLLOUTS.validate_json(await self._call("POST", "/store/rollouts/query", orjson.dumps(query)))
 
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:
         path = f"/store/rollouts/{_quote(rollout_id)}/attempts"
-        return _ATTEMPTS.validate_json(await self._call("GET", path))
+        return wire.ATTEMPTS.validate_json(await self._call("GET", path))
 
     async def count_by_status(self) -> dict[RolloutStatus, int]:
         counts = orjson.loads(await self._call("GET", "/store/counts"))
@@ -457,24 +287,24 @@ class StoreClient(Store):
         body = orjson.dumps({"rollout_ids": list(rollout_ids), "timeout": max(timeout, 0.0)})
         # The server holds the request up to `timeout`; the read may take that long plus a margin.
         raw = await self._call("POST", "/store/wait", body, read_timeout=max(timeout, 0.0) + self.timeout_s)
-        return _ROLLOUTS.validate_json(raw)
+        return wire.ROLLOUTS.validate_json(raw)
 
     # -- resources ------------------------------------------------------------------------
     async def add_resources(self, resources: Mapping[str, Resource]) -> ResourceSet:
-        body = b'{"resources":' + _RESOURCES.dump_json(dict(resources)) + b"}"
+        body = b'{"resources":' + wire.RESOURCES.dump_json(dict(resources)) + b"}"
         raw = await self._call("POST", "/store/resources", body, idempotency_key=new_id("rq"))
-        return _RESOURCE_SET.validate_json(raw)
+        return wire.RESOURCE_SET.validate_json(raw)
 
     async def get_latest_resources(self) -> ResourceSet | None:
-        return _MAYBE_RESOURCE_SET.validate_json(await self._call("GET", "/store/resources/latest"))
+        return wire.MAYBE_RESOURCE_SET.validate_json(await self._call("GET", "/store/resources/latest"))
 
     async def get_resources(self, version: int) -> ResourceSet:
-        return _RESOURCE_SET.validate_json(await self._call("GET", f"/store/resources/{int(version)}"))
+        return wire.RESOURCE_SET.validate_json(await self._call("GET", f"/store/resources/{int(version)}"))
 
     # -- upkeep ---------------------------------------------------------------------------
     async def reap_timed_out(self, at: float | None = None) -> list[Attempt]:
         raw = await self._call("POST", "/store/reap", orjson.dumps({"at": at}), idempotency_key=new_id("rq"))
-        return _ATTEMPTS.validate_json(raw)
+        return wire.ATTEMPTS.validate_json(raw)
 
     async def close(self) -> None:
         """Flush buffered spans, then close the connections; raises what `flush` raises."""
@@ -482,23 +312,16 @@ class StoreClient(Store):
             return
         same_loop = self._loop is asyncio.get_running_loop()
         try:
-            if same_loop and (self._queue or self._background_errors):
+            if same_loop and self._batcher is not None and self._batcher.pending:
                 await self.flush()
         finally:
-            session, sender = self._session, self._sender
-            self._session = self._sender = self._loop = None
-            if sender is not None and same_loop:
-                sender.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sender
-            for group in self._queue:  # written while closing: nobody will send them
-                if group.future is not None and not group.future.done():
-                    group.future.set_exception(StoreError("the store client closed before these spans were sent"))
-            self._queue.clear()
-            self._open.clear()
-            self._queued_nowait = self._waiters = 0
-            if session is not None and same_loop:
-                await session.close()
+            session, batcher = self._session, self._batcher
+            self._session = self._batcher = self._loop = None
+            if same_loop:
+                if batcher is not None:
+                    await batcher.close()
+                if session is not None:
+                    await session.close()
 
 
 def _quote(identifier: str) -> str:

@@ -18,31 +18,21 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Any
 
 import fastapi
 import httpx
 import orjson
 import uvicorn
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from alight.errors import AlightError, ConfigError, InvalidRequestError, PayloadTooLargeError, StoreError
+from alight.store import wire
 from alight.store.base import ALL_ATTEMPTS, Store
-from alight.store.client import IDEMPOTENCY_HEADER, one_line
-from alight.types import (
-    Attempt,
-    AttemptStatus,
-    Claim,
-    Resource,
-    ResourceSet,
-    Rollout,
-    RolloutMode,
-    RolloutStatus,
-    Span,
-)
+from alight.store.wire import IDEMPOTENCY_HEADER, one_line, validation_message
 
 logger = logging.getLogger(__name__)
 
@@ -51,104 +41,11 @@ JSON = "application/json"
 _REMEMBERED_ANSWERS = 4096
 
 
-# -- request bodies ---------------------------------------------------------------------------
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class EnqueueBody(_Body):
-    rollouts: list[Rollout]
-
-
-class DequeueBody(_Body):
-    worker_id: str | None = None
-    attempt_id: str | None = None
-
-
-class FinishAttemptBody(_Body):
-    status: AttemptStatus
-    reward: float | None = None
-    error: str | None = None
-
-
-class FinishRolloutBody(_Body):
-    status: RolloutStatus
-    reward: float | None = None
-
-
-class SpansBody(_Body):
-    spans: list[Span]
-    # Sizes of consecutive slices of `spans` written as separate `add_spans` calls, each with its
-    # own count or error in the answer: the client coalesces concurrent callers into one request.
-    groups: list[Annotated[int, Field(ge=0)]] | None = None
-
-
-class QueryBody(_Body):
-    status: list[RolloutStatus] | None = None
-    ids: list[str] | None = None
-    mode: RolloutMode | None = None
-    group_id: str | None = None
-    limit: int | None = Field(default=None, ge=0)
-    offset: int = Field(default=0, ge=0)
-
-
-class WaitBody(_Body):
-    rollout_ids: list[str]
-    timeout: float = Field(ge=0)
-
-
-class ResourcesBody(_Body):
-    resources: dict[str, Resource]
-
-
-class ReapBody(_Body):
-    at: float | None = None
-
-
-_B = TypeVar("_B", bound=_Body)
-_ADAPTERS: dict[type[_Body], TypeAdapter[Any]] = {}
-_ROLLOUT: TypeAdapter[Rollout] = TypeAdapter(Rollout)
-_ROLLOUTS: TypeAdapter[list[Rollout]] = TypeAdapter(list[Rollout])
-_ATTEMPT: TypeAdapter[Attempt] = TypeAdapter(Attempt)
-_ATTEMPTS: TypeAdapter[list[Attempt]] = TypeAdapter(list[Attempt])
-_CLAIM: TypeAdapter[Claim | None] = TypeAdapter(Claim | None)
-_SPANS: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
-_RESOURCE_SET: TypeAdapter[ResourceSet | None] = TypeAdapter(ResourceSet | None)
-
-
-def _adapter(model: type[_B]) -> TypeAdapter[_B]:
-    adapter = _ADAPTERS.get(model)
-    if adapter is None:
-        adapter = _ADAPTERS[model] = TypeAdapter(model)
-    return adapter
-
-
-def _parse(model: type[_B], data: bytes) -> _B:
-    """Validate a JSON body (an empty body is `{}`); ValidationError for anything wrong."""
-    return _adapter(model).validate_json(data or b"{}")
-
-
 # -- answers ----------------------------------------------------------------------------------
 
 
-def error_body(code: str, message: str) -> bytes:
-    return orjson.dumps({"error": {"code": code, "message": one_line(message)}})
-
-
 def _error(status: int, code: str, message: str) -> Response:
-    return Response(error_body(code, message), status_code=status, media_type=JSON)
-
-
-def validation_message(err: ValidationError) -> str:
-    """The first problem of a failed validation, its location and how many more there are."""
-    problems = err.errors(include_url=False, include_context=False, include_input=False)
-    first = problems[0]
-    where = ".".join(str(part) for part in first["loc"])
-    text = f"{where}: {first['msg']}" if where else first["msg"]
-    more = len(problems) - 1
-    return f"invalid request body: {text}" + (f" (and {more} more errors)" if more else "")
+    return Response(wire.error_body(code, message), status_code=status, media_type=JSON)
 
 
 Handler = Callable[[Request], Awaitable[bytes]]
@@ -282,34 +179,34 @@ def create_app(
 
     # -- queue ----------------------------------------------------------------------------
     async def enqueue(request: Request) -> bytes:
-        parsed = _parse(EnqueueBody, await body(request))
-        return _ROLLOUTS.dump_json(await store.enqueue(parsed.rollouts))
+        parsed = wire.parse_body(wire.EnqueueBody, await body(request))
+        return wire.ROLLOUTS.dump_json(await store.enqueue(parsed.rollouts))
 
     async def dequeue(request: Request) -> bytes:
-        parsed = _parse(DequeueBody, await body(request))
-        return _CLAIM.dump_json(await store.dequeue(parsed.worker_id, attempt_id=parsed.attempt_id))
+        parsed = wire.parse_body(wire.DequeueBody, await body(request))
+        return wire.MAYBE_CLAIM.dump_json(await store.dequeue(parsed.worker_id, attempt_id=parsed.attempt_id))
 
     async def start_attempt(request: Request) -> bytes:
-        return _ATTEMPT.dump_json(await store.start_attempt(request.path_params["attempt_id"]))
+        return wire.ATTEMPT.dump_json(await store.start_attempt(request.path_params["attempt_id"]))
 
     async def heartbeat(request: Request) -> bytes:
-        return _ATTEMPT.dump_json(await store.heartbeat(request.path_params["attempt_id"]))
+        return wire.ATTEMPT.dump_json(await store.heartbeat(request.path_params["attempt_id"]))
 
     async def finish_attempt(request: Request) -> bytes:
-        parsed = _parse(FinishAttemptBody, await body(request))
+        parsed = wire.parse_body(wire.FinishAttemptBody, await body(request))
         rollout = await store.finish_attempt(
             request.path_params["attempt_id"], parsed.status, reward=parsed.reward, error=parsed.error
         )
-        return _ROLLOUT.dump_json(rollout)
+        return wire.ROLLOUT.dump_json(rollout)
 
     async def finish_rollout(request: Request) -> bytes:
-        parsed = _parse(FinishRolloutBody, await body(request))
+        parsed = wire.parse_body(wire.FinishRolloutBody, await body(request))
         rollout = await store.finish_rollout(request.path_params["rollout_id"], parsed.status, reward=parsed.reward)
-        return _ROLLOUT.dump_json(rollout)
+        return wire.ROLLOUT.dump_json(rollout)
 
     # -- spans ----------------------------------------------------------------------------
     async def add_spans(request: Request) -> bytes:
-        parsed = _parse(SpansBody, await body(request))
+        parsed = wire.parse_body(wire.SpansBody, await body(request))
         if parsed.groups is None:
             return orjson.dumps({"added": await store.add_spans(parsed.spans)})
         if sum(parsed.groups) != len(parsed.spans):
@@ -334,13 +231,13 @@ def create_app(
         spans = await store.query_spans(
             request.path_params["rollout_id"], ALL_ATTEMPTS if attempt_id == ALL_ATTEMPTS else attempt_id
         )
-        return _SPANS.dump_json(spans)
+        return wire.SPANS.dump_json(spans)
 
     # -- reading --------------------------------------------------------------------------
     async def get_rollout(request: Request) -> bytes:
-        return _ROLLOUT.dump_json(await store.get_rollout(request.path_params["rollout_id"]))
+        return wire.ROLLOUT.dump_json(await store.get_rollout(request.path_params["rollout_id"]))
 
-    async def run_query(query: QueryBody) -> bytes:
+    async def run_query(query: wire.QueryBody) -> bytes:
         rollouts = await store.list_rollouts(
             status=query.status,
             ids=query.ids,
@@ -349,7 +246,7 @@ def create_app(
             limit=query.limit,
             offset=query.offset,
         )
-        return _ROLLOUTS.dump_json(rollouts)
+        return wire.ROLLOUTS.dump_json(rollouts)
 
     async def list_rollouts(request: Request) -> bytes:
         params = request.query_params
@@ -358,28 +255,28 @@ def create_app(
         for key in ("status", "ids"):
             if key in params:
                 raw[key] = params.getlist(key)
-        return await run_query(_adapter(QueryBody).validate_python(raw))
+        return await run_query(wire.body_adapter(wire.QueryBody).validate_python(raw))
 
     async def query_rollouts(request: Request) -> bytes:
-        return await run_query(_parse(QueryBody, await body(request)))
+        return await run_query(wire.parse_body(wire.QueryBody, await body(request)))
 
     async def list_attempts(request: Request) -> bytes:
-        return _ATTEMPTS.dump_json(await store.list_attempts(request.path_params["rollout_id"]))
+        return wire.ATTEMPTS.dump_json(await store.list_attempts(request.path_params["rollout_id"]))
 
     async def counts(request: Request) -> bytes:
         return orjson.dumps({status.value: n for status, n in (await store.count_by_status()).items()})
 
     async def wait(request: Request) -> bytes:
-        parsed = _parse(WaitBody, await body(request))
-        return _ROLLOUTS.dump_json(await store.wait_for_rollouts(parsed.rollout_ids, parsed.timeout))
+        parsed = wire.parse_body(wire.WaitBody, await body(request))
+        return wire.ROLLOUTS.dump_json(await store.wait_for_rollouts(parsed.rollout_ids, parsed.timeout))
 
     # -- resources ------------------------------------------------------------------------
     async def add_resources(request: Request) -> bytes:
-        parsed = _parse(ResourcesBody, await body(request))
-        return _RESOURCE_SET.dump_json(await store.add_resources(parsed.resources))
+        parsed = wire.parse_body(wire.ResourcesBody, await body(request))
+        return wire.RESOURCE_SET.dump_json(await store.add_resources(parsed.resources))
 
     async def latest_resources(request: Request) -> bytes:
-        return _RESOURCE_SET.dump_json(await store.get_latest_resources())
+        return wire.MAYBE_RESOURCE_SET.dump_json(await store.get_latest_resources())
 
     async def get_resources(request: Request) -> bytes:
         version = request.path_params["version"]
@@ -387,12 +284,12 @@ def create_app(
             number = int(version)
         except ValueError:
             raise InvalidRequestError(f"resources version must be an integer, got {version!r}") from None
-        return _RESOURCE_SET.dump_json(await store.get_resources(number))
+        return wire.RESOURCE_SET.dump_json(await store.get_resources(number))
 
     # -- upkeep ---------------------------------------------------------------------------
     async def reap(request: Request) -> bytes:
-        parsed = _parse(ReapBody, await body(request))
-        return _ATTEMPTS.dump_json(await store.reap_timed_out(parsed.at))
+        parsed = wire.parse_body(wire.ReapBody, await body(request))
+        return wire.ATTEMPTS.dump_json(await store.reap_timed_out(parsed.at))
 
     async def health(request: Request) -> bytes:
         return b'{"status":"ok"}'

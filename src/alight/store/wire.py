@@ -1,0 +1,153 @@
+"""The store's wire protocol, shared by the HTTP server and client: request bodies, the JSON
+adapters of every answer, the error body, and the idempotency header."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from alight.errors import (
+    ERRORS_BY_CODE,
+    AlightError,
+    InvalidRequestError,
+    InvalidTransitionError,
+    NotFoundError,
+    PayloadTooLargeError,
+    StoreError,
+    StoreUnavailableError,
+)
+from alight.types import (
+    Attempt,
+    AttemptStatus,
+    Claim,
+    Resource,
+    ResourceSet,
+    Rollout,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+)
+
+#: Header naming a write whose answer the server remembers, so a retried write is not applied twice.
+IDEMPOTENCY_HEADER = "idempotency-key"
+
+ROLLOUT: TypeAdapter[Rollout] = TypeAdapter(Rollout)
+ROLLOUTS: TypeAdapter[list[Rollout]] = TypeAdapter(list[Rollout])
+ATTEMPT: TypeAdapter[Attempt] = TypeAdapter(Attempt)
+ATTEMPTS: TypeAdapter[list[Attempt]] = TypeAdapter(list[Attempt])
+MAYBE_CLAIM: TypeAdapter[Claim | None] = TypeAdapter(Claim | None)
+SPANS: TypeAdapter[list[Span]] = TypeAdapter(list[Span])
+RESOURCES: TypeAdapter[dict[str, Resource]] = TypeAdapter(dict[str, Resource])
+RESOURCE_SET: TypeAdapter[ResourceSet] = TypeAdapter(ResourceSet)
+MAYBE_RESOURCE_SET: TypeAdapter[ResourceSet | None] = TypeAdapter(ResourceSet | None)
+
+# -- request bodies ---------------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnqueueBody(_Body):
+    rollouts: list[Rollout]
+
+
+class DequeueBody(_Body):
+    worker_id: str | None = None
+    attempt_id: str | None = None
+
+
+class FinishAttemptBody(_Body):
+    status: AttemptStatus
+    reward: float | None = None
+    error: str | None = None
+
+
+class FinishRolloutBody(_Body):
+    status: RolloutStatus
+    reward: float | None = None
+
+
+class SpansBody(_Body):
+    spans: list[Span]
+    # Sizes of consecutive slices of `spans` written as separate `add_spans` calls, each with its
+    # own count or error in the answer: the client coalesces concurrent callers into one request.
+    groups: list[Annotated[int, Field(ge=0)]] | None = None
+
+
+class QueryBody(_Body):
+    status: list[RolloutStatus] | None = None
+    ids: list[str] | None = None
+    mode: RolloutMode | None = None
+    group_id: str | None = None
+    limit: int | None = Field(default=None, ge=0)
+    offset: int = Field(default=0, ge=0)
+
+
+class WaitBody(_Body):
+    rollout_ids: list[str]
+    timeout: float = Field(ge=0)
+
+
+class ResourcesBody(_Body):
+    resources: dict[str, Resource]
+
+
+class ReapBody(_Body):
+    at: float | None = None
+
+
+_B = TypeVar("_B", bound=_Body)
+_BODY_ADAPTERS: dict[type[_Body], TypeAdapter[Any]] = {}
+
+
+def body_adapter(model: type[_B]) -> TypeAdapter[_B]:
+    """A cached adapter for a request body model."""
+    adapter = _BODY_ADAPTERS.get(model)
+    if adapter is None:
+        adapter = _BODY_ADAPTERS[model] = TypeAdapter(model)
+    return adapter
+
+
+def parse_body(model: type[_B], data: bytes) -> _B:
+    """Validate a JSON body (an empty body is `{}`); ValidationError for anything wrong."""
+    return body_adapter(model).validate_json(data or b"{}")
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+# The error class of a status, for answers without a readable error body.
+_ERRORS_BY_STATUS: dict[int, type[AlightError]] = {
+    cls.http_status: cls
+    for cls in (InvalidRequestError, NotFoundError, InvalidTransitionError, PayloadTooLargeError, StoreUnavailableError)
+}
+
+
+def one_line(text: str, limit: int = 1000) -> str:
+    """`text` on one line (whitespace runs collapsed), cut to `limit` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def error_body(code: str, message: str) -> bytes:
+    return orjson.dumps({"error": {"code": code, "message": one_line(message)}})
+
+
+def raised(status: int, error: Any, fallback: str) -> AlightError:
+    """The exception the server raised, from its `{"code", "message"}` error object."""
+    if isinstance(error, dict) and isinstance(error.get("code"), str):
+        cls = ERRORS_BY_CODE.get(error["code"]) or _ERRORS_BY_STATUS.get(status, StoreError)
+        return cls(one_line(str(error.get("message", ""))))
+    return _ERRORS_BY_STATUS.get(status, StoreError)(one_line(fallback))
+
+
+def validation_message(err: ValidationError) -> str:
+    """The first problem of a failed validation, its location and how many more there are."""
+    problems = err.errors(include_url=False, include_context=False, include_input=False)
+    first = problems[0]
+    where = ".".join(str(part) for part in first["loc"])
+    text = f"{where}: {first['msg']}" if where else first["msg"]
+    more = len(problems) - 1
+    return f"invalid request body: {text}" + (f" (and {more} more errors)" if more else "")
