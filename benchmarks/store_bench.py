@@ -11,7 +11,10 @@ Metrics:
   rollout_cycles_per_s  each client loops enqueue -> dequeue -> 20 spans (one batch) -> finish
   spans_per_s           each client writes spans in batches of --span-batch into its own attempts
 
-Usage: python benchmarks/store_bench.py [--json] [--seconds 5] [--clients 8] [--cases memory,sqlite,http]
+Each measurement runs --repeat times (a fresh store each time); the value is the median, since
+timings on a shared 2-core machine vary by about 10% from run to run.
+
+Usage: python benchmarks/store_bench.py [--json] [--seconds 5] [--repeat 3] [--clients 8] [--cases memory,sqlite,http]
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import multiprocessing as mp
 import os
 import platform
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -159,6 +163,7 @@ def _wait_healthy(url: str, timeout: float = 30.0) -> None:
 
 
 def measure(case: str, metric: str, clients: int, seconds: float, batch: int, workdir: Path) -> float:
+    workdir.mkdir(parents=True, exist_ok=True)
     db = str(workdir / f"{case}-{metric}.db")
     if case == "memory":
         return _measure_memory(metric, clients, seconds, batch)
@@ -185,6 +190,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="measuring time per case and metric")
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
     parser.add_argument("--span-batch", type=int, default=100, help="spans per add_spans call (spans metric)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; the median is reported")
     parser.add_argument("--cases", default="memory,sqlite,http", help="comma-separated cases")
     args = parser.parse_args()
 
@@ -192,10 +198,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="alight-store-bench-") as tmp:
         for case in args.cases.split(","):
             for metric in ("rollout_cycles_per_s", "spans_per_s"):
-                value = measure(case, metric, args.clients, args.seconds, args.span_batch, Path(tmp))
+                runs = [
+                    measure(case, metric, args.clients, args.seconds, args.span_batch, Path(tmp) / f"run{i}")
+                    for i in range(args.repeat)
+                ]
+                value = statistics.median(runs)
                 results.append({"case": case, "metric": metric, "value": round(value, 1)})
                 if not args.json:
-                    print(f"{case:>8} {metric:<22} {value:12.1f}", file=sys.stderr)
+                    shown = ", ".join(f"{run:.1f}" for run in runs)
+                    print(f"{case:>8} {metric:<22} median {value:12.1f}  (runs: {shown})", file=sys.stderr)
     report = {
         "benchmark": "store",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -207,7 +218,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"store: {args.clients} clients, {args.seconds:g} s per measurement")
+    table = Table(title=f"store: {args.clients} clients, median of {args.repeat} runs of {args.seconds:g} s")
     for column in ("case", "metric", "value"):
         table.add_column(column, justify="right" if column == "value" else "left")
     for row in results:

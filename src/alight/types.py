@@ -9,8 +9,8 @@ a rollout's spans into *transitions*, the unit the trainer consumes.
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -19,7 +19,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 def new_id(prefix: str) -> str:
     """A fresh random id such as ``ro-3f2a...`` (96 random bits)."""
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+    return f"{prefix}-{os.urandom(12).hex()}"
+
+
+def new_trace_id() -> str:
+    """A random OpenTelemetry trace id: 32 hex digits."""
+    return os.urandom(16).hex()
+
+
+def new_span_id() -> str:
+    """A random OpenTelemetry span id: 16 hex digits."""
+    return os.urandom(8).hex()
 
 
 def now() -> float:
@@ -156,8 +166,8 @@ class Span(_Model):
     rollout_id: str
     attempt_id: str
     sequence_id: int | None = None  # order within the attempt; the store assigns it when None
-    trace_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
-    span_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:16])
+    trace_id: str = Field(default_factory=new_trace_id)
+    span_id: str = Field(default_factory=new_span_id)
     parent_id: str | None = None
     name: str
     kind: SpanKind = SpanKind.OTHER

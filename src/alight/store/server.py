@@ -388,6 +388,7 @@ class StoreServer:
             loop="uvloop",
             http="httptools",
             access_log=False,
+            proxy_headers=False,  # the store trusts no forwarding proxy's headers
             log_level="warning",
             log_config=None,  # leave the application's logging setup alone
             timeout_keep_alive=30,  # longer than the client's idle expiry (4 s): the client closes first
