@@ -37,6 +37,10 @@ def now() -> float:
     return time.time()
 
 
+#: An id of a rollout or attempt: it travels in URL paths, so no "/" and no whitespace.
+Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^/\s]+$")]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
@@ -109,7 +113,7 @@ class Task(_Model):
 class Rollout(_Model):
     """One run of the agent on a task, retried as new attempts up to `max_attempts`."""
 
-    rollout_id: str = Field(default_factory=lambda: new_id("ro"))
+    rollout_id: Id = Field(default_factory=lambda: new_id("ro"))
     task: Task
     mode: RolloutMode = RolloutMode.TRAIN
     group_id: str | None = None  # rollouts of one task sampled together (GRPO group)
@@ -130,8 +134,8 @@ class Rollout(_Model):
 class Attempt(_Model):
     """One try at running a rollout, held by one runner."""
 
-    attempt_id: str = Field(default_factory=lambda: new_id("at"))
-    rollout_id: str
+    attempt_id: Id = Field(default_factory=lambda: new_id("at"))
+    rollout_id: Id
     number: int = Field(ge=1)  # 1 for the first attempt of the rollout
     status: AttemptStatus = AttemptStatus.PREPARING
     worker_id: str | None = None
@@ -163,8 +167,8 @@ class Claim(_Model):
 class Span(_Model):
     """One recorded operation inside an attempt: an LLM call, a tool call, a reward, an agent step."""
 
-    rollout_id: str
-    attempt_id: str
+    rollout_id: Id
+    attempt_id: Id
     sequence_id: int | None = None  # order within the attempt; the store assigns it when None
     trace_id: str = Field(default_factory=new_trace_id)
     span_id: str = Field(default_factory=new_span_id)

@@ -415,3 +415,15 @@ async def test_watchdog_enforces_attempt_time_limit(store: Store) -> None:
     assert (await store.get_rollout(queued.rollout_id)).status is RolloutStatus.TIMEOUT
     [attempt] = await store.list_attempts(queued.rollout_id)
     assert attempt.status is AttemptStatus.TIMEOUT
+
+
+async def test_ids_that_cannot_travel_in_a_url_are_refused(store: Store) -> None:
+    from pydantic import ValidationError
+
+    for bad in ("ro/1", "ro 1", ""):
+        with pytest.raises(ValidationError):
+            Rollout(rollout_id=bad, task=Task(input=1))
+    await store.enqueue(rollouts(1))
+    with pytest.raises(InvalidRequestError):
+        await store.dequeue("w", attempt_id="at/1")
+    assert (await store.count_by_status())[RolloutStatus.QUEUING] == 1

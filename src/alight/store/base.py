@@ -130,7 +130,8 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def reap_timed_out(self, at: float | None = None) -> list[Attempt]:
         """Watchdog: time out live attempts whose heartbeat or time limit has passed (at `at`,
-        default now) and requeue their rollouts while attempts remain. Returns those attempts."""
+        default now) and requeue their rollouts while attempts remain. Returns those attempts, in
+        the order they were claimed."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most stores have nothing to close
         """Release connections and files."""

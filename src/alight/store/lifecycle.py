@@ -11,6 +11,8 @@ Each function takes the current records and returns the new ones (copies), or ra
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from alight.errors import InvalidRequestError, InvalidTransitionError
 from alight.types import Attempt, AttemptStatus, Rollout, RolloutStatus
 
@@ -33,16 +35,19 @@ def claim(rollout: Rollout, attempt_id: str, worker_id: str | None, at: float) -
     """A runner takes a queuing rollout: a new attempt in `preparing`, the rollout `running`."""
     if rollout.status is not RolloutStatus.QUEUING:
         raise InvalidTransitionError(f"rollout {rollout.rollout_id} is {rollout.status}, not queuing")
-    attempt = Attempt(
-        attempt_id=attempt_id,
-        rollout_id=rollout.rollout_id,
-        number=rollout.attempt_count + 1,
-        worker_id=worker_id,
-        timeout_s=rollout.timeout_s,
-        heartbeat_timeout_s=rollout.heartbeat_timeout_s,
-        claimed_at=at,
-        last_heartbeat_at=at,
-    )
+    try:
+        attempt = Attempt(
+            attempt_id=attempt_id,
+            rollout_id=rollout.rollout_id,
+            number=rollout.attempt_count + 1,
+            worker_id=worker_id,
+            timeout_s=rollout.timeout_s,
+            heartbeat_timeout_s=rollout.heartbeat_timeout_s,
+            claimed_at=at,
+            last_heartbeat_at=at,
+        )
+    except ValidationError:
+        raise InvalidRequestError(f"invalid attempt id {attempt_id!r}: no '/' or whitespace allowed") from None
     updated = rollout.model_copy(
         update={
             "status": RolloutStatus.RUNNING,

@@ -30,7 +30,7 @@ class MemoryStore(Store):
         self._rollouts: dict[str, Rollout] = {}  # insertion order is enqueue order
         self._seq: dict[str, int] = {}  # rollout id -> enqueue position
         self._queue: dict[str, None] = {}  # queuing rollout ids, oldest first
-        self._live: set[str] = set()  # attempts preparing or running
+        self._live: dict[str, None] = {}  # attempts preparing or running, in claim order
         self._attempts: dict[str, Attempt] = {}
         self._attempts_of: dict[str, list[str]] = {}
         self._spans: dict[str, dict[str, Span]] = {}  # attempt_id -> span_id -> span
@@ -54,9 +54,9 @@ class MemoryStore(Store):
     def _save_attempt(self, attempt: Attempt) -> None:
         self._attempts[attempt.attempt_id] = attempt
         if attempt.status.is_terminal:
-            self._live.discard(attempt.attempt_id)
+            self._live.pop(attempt.attempt_id, None)
         else:
-            self._live.add(attempt.attempt_id)
+            self._live.setdefault(attempt.attempt_id)
 
     def _save_rollout(self, rollout: Rollout) -> None:
         self._rollouts[rollout.rollout_id] = rollout

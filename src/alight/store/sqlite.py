@@ -161,7 +161,7 @@ class SqliteStore(Store):
         return Attempt.model_validate_json(row[0])
 
     def _live_attempts(self) -> list[Attempt]:
-        rows = self._db.execute("SELECT data FROM attempts WHERE status IN (?, ?)", _LIVE)
+        rows = self._db.execute("SELECT data FROM attempts WHERE status IN (?, ?) ORDER BY rowid", _LIVE)
         return [Attempt.model_validate_json(r[0]) for r in rows]
 
     def _put_rollout(self, rollout: Rollout) -> None:
@@ -174,7 +174,8 @@ class SqliteStore(Store):
 
     def _put_attempt(self, attempt: Attempt) -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO attempts (attempt_id, rollout_id, number, status, data) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO attempts (attempt_id, rollout_id, number, status, data) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (attempt_id) DO UPDATE SET status = excluded.status, data = excluded.data",
             (
                 attempt.attempt_id,
                 attempt.rollout_id,
