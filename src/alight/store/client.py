@@ -65,7 +65,7 @@ class StoreClient(Store):
         url: str,
         *,
         timeout_s: float = 30.0,
-        max_retries: int = 6,
+        max_retries: int = 10,  # about 6-11 s of backoff: long enough to ride out a store restart
         backoff_s: float = 0.05,
         max_backoff_s: float = 2.0,
         span_batch_size: int = 1000,
