@@ -86,16 +86,17 @@ class StoreClient(Store):
         self._batcher: SpanBatcher | None = None
 
     # -- transport ------------------------------------------------------------------------
-    def _bind(self) -> None:
-        """Open the HTTP session inside the running loop (again, if the loop changed)."""
+    def _bind(self) -> SpanBatcher:
+        """Open the HTTP session and the span batcher inside the running loop (again, if the loop
+        changed); returns the batcher."""
         loop = asyncio.get_running_loop()
-        if self._loop is loop:
-            return
-        self._loop = loop
-        # Keep-alive shorter than the server's (30 s), so the client is the side that closes.
-        connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=15.0)
-        self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
-        self._batcher = SpanBatcher(self._post_groups, self.span_batch_size, self.span_flush_interval_s, self.url)
+        if self._loop is not loop or self._batcher is None:
+            self._loop = loop
+            # Keep-alive shorter than the server's (30 s), so the client is the side that closes.
+            connector = aiohttp.TCPConnector(limit=256, keepalive_timeout=15.0)
+            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
+            self._batcher = SpanBatcher(self._post_groups, self.span_batch_size, self.span_flush_interval_s, self.url)
+        return self._batcher
 
     async def _send(
         self, method: str, path: str, body: bytes, key: str | None, read_timeout: float | None
@@ -199,23 +200,17 @@ class StoreClient(Store):
         server, so its count and its errors are its own. A call of more than `span_batch_size`
         spans is sent as several parts: if one part is refused, the others may be stored.
         """
-        self._bind()
-        assert self._batcher is not None
-        return await self._batcher.add(spans)
+        return await self._bind().add(spans)
 
     def add_spans_nowait(self, spans: Sequence[Span]) -> None:
         """Buffer spans for a background write (when `span_batch_size` are buffered, else within
         `span_flush_interval_s`). Must be called inside the running loop; errors come from `flush`."""
-        self._bind()
-        assert self._batcher is not None
-        self._batcher.add_nowait(spans)
+        self._bind().add_nowait(spans)
 
     async def flush(self) -> None:
         """Return once every buffered span is acknowledged; raise the first error a background
         write hit since the last flush."""
-        self._bind()
-        assert self._batcher is not None
-        await self._batcher.flush()
+        await self._bind().flush()
 
     async def _post_groups(self, groups: list[list[Span]]) -> list[int | AlightError]:
         """Each group's count or error. A batch over the server's size limit is split in halves."""
