@@ -1,0 +1,30 @@
+"""Experiment configs: structured dataclasses registered with Hydra, loaded from YAML + overrides."""
+
+from alight.config.loading import load_config, to_dict, to_object, to_yaml
+from alight.config.schema import (
+    AgentConfig,
+    DataConfig,
+    DevConfig,
+    EngineConfig,
+    ExperimentConfig,
+    ProxyConfig,
+    RunnerConfig,
+    SamplingConfig,
+    StoreConfig,
+)
+
+__all__ = [
+    "AgentConfig",
+    "DataConfig",
+    "DevConfig",
+    "EngineConfig",
+    "ExperimentConfig",
+    "ProxyConfig",
+    "RunnerConfig",
+    "SamplingConfig",
+    "StoreConfig",
+    "load_config",
+    "to_dict",
+    "to_object",
+    "to_yaml",
+]

@@ -1,0 +1,106 @@
+"""The experiment schema: one dataclass per config group, registered in Hydra's ConfigStore.
+
+A YAML experiment (configs/*.yaml) fills these; every field has a default except the agent's
+entrypoint, so a config names only what differs. Hydra checks keys and types against them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+
+@dataclass
+class AgentConfig:
+    entrypoint: str = MISSING  # "package.module:function" or "path/to/agent.py:function"
+    name: str | None = None  # agent name recorded on spans; default: the function or class name
+
+
+@dataclass
+class DataConfig:
+    # Each of train/val: a .jsonl/.json/.parquet/.csv file, a saved Hugging Face dataset
+    # directory, or a generator "module:function" / "file.py:function" returning rows.
+    train: str | None = None
+    val: str | None = None
+    train_size: int | None = None  # rows to ask a generator for (and an upper bound on file rows)
+    val_size: int | None = None
+    generator_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments of generators
+    input_field: str | None = None  # column handed to the agent as `task`; None: the whole row
+    seed: int = 0  # seed handed to generators and used to shuffle
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    max_tokens: int = 256  # default limit on one response
+
+
+@dataclass
+class EngineConfig:
+    kind: str = "embedded"  # embedded | vllm | litellm
+    model: str = "tiny"  # "tiny", a Hugging Face model directory or hub id, or a LiteLLM model string
+    served_name: str = "policy"  # the model name agents send; the proxy answers to it
+    device: str = "cpu"  # embedded: cpu | cuda | cuda:N
+    dtype: str = "float32"  # embedded: float32 | bfloat16 | float16
+    max_batch_size: int = 8  # embedded: requests generated together
+    base_url: str | None = None  # litellm: the OpenAI-compatible endpoint, if any
+    api_key_env: str | None = None  # litellm: environment variable holding the API key
+    tokenizer: str | None = None  # litellm: tokenizer directory for token ids the endpoint does not return
+    options: dict[str, Any] = field(default_factory=dict)  # further engine-specific keyword arguments
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@dataclass
+class ProxyConfig:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port
+
+
+@dataclass
+class StoreConfig:
+    url: str | None = None  # an `alight store` server to use; None: start one for the run
+    port: int = 0  # port of the store this run starts (0: any free port)
+
+
+@dataclass
+class RunnerConfig:
+    n_runners: int = 4  # worker processes running the agent
+    timeout_s: float = 120.0  # wall-clock limit of one attempt
+    max_attempts: int = 2  # tries per rollout (a failed or timed-out attempt is retried)
+    heartbeat_timeout_s: float = 60.0  # silence after which an attempt counts as timed out
+    tracer: str = "light"  # light | otel
+
+
+@dataclass
+class DevConfig:
+    n: int = 4  # tasks `alight dev` runs
+    split: str = "val"  # which data split dev samples from (falls back to train)
+    timeout_s: float = 600.0  # how long `alight dev` waits for all rollouts
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "experiment"  # names the run directory
+    output_dir: str = "runs"  # parent folder of run directories
+    seed: int = 0
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    dev: DevConfig = field(default_factory=DevConfig)
+
+
+#: Name of the schema node in Hydra's ConfigStore.
+SCHEMA_NAME = "alight_experiment_schema"
+
+
+def register() -> None:
+    """Register the schema with Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=ExperimentConfig)

@@ -1,0 +1,129 @@
+"""The `Engine` interface: what the LLM proxy needs from an inference backend.
+
+An engine turns an OpenAI-style chat (or completion) request into a `Generation` that carries,
+besides the assistant message, the exact prompt and response token ids and the response
+log-probs, so the trainer can learn from the call. Engines: `embedded` (transformers, in
+process), `vllm` (a `vllm serve` process), `litellm` (any model LiteLLM reaches).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+TokenIdsSource = Literal["engine", "tokenizer", "none"]
+
+
+@dataclass
+class SamplingParams:
+    """Sampling settings of one request (OpenAI names)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = None  # None: the engine's default limit
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = True  # alight always records them when the engine can
+
+
+@dataclass
+class ChatRequest:
+    """One chat completion call, already validated by the proxy."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None  # "auto", "none", "required" or {"type": "function", ...}
+    response_format: dict[str, Any] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    extra: dict[str, Any] = field(default_factory=dict)  # provider-specific fields passed through
+
+
+@dataclass
+class CompletionRequest:
+    """One legacy completions call: raw prompt text (or token ids) in, text out."""
+
+    model: str
+    prompt: str | list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Generation:
+    """An engine's answer, with what the trainer needs to learn from it."""
+
+    model: str
+    text: str  # the raw generated text (tool-call markup included)
+    message: dict[str, Any]  # OpenAI assistant message: role, content, tool_calls
+    finish_reason: str  # "stop", "length" or "tool_calls"
+    prompt_token_ids: list[int] | None = None
+    response_token_ids: list[int] | None = None
+    response_logprobs: list[float] | None = None
+    token_ids_source: TokenIdsSource = "engine"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    weights_version: int | None = None  # version of the weights that produced it, where known
+
+
+@dataclass
+class TextDelta:
+    """A streamed piece of the assistant's visible content."""
+
+    text: str
+
+
+StreamEvent = TextDelta | Generation  # zero or more deltas, then exactly one Generation
+
+
+class Engine(abc.ABC):
+    """An inference backend. All methods are safe to call concurrently from one event loop."""
+
+    name: str = "engine"
+
+    @property
+    @abc.abstractmethod
+    def model_names(self) -> list[str]:
+        """Model names this engine answers to (the first is its default)."""
+
+    @property
+    def weights_version(self) -> int | None:
+        """Version of the weights being served, None where the engine cannot tell."""
+        return None
+
+    @property
+    def max_context(self) -> int | None:
+        """Longest prompt + response in tokens, where known."""
+        return None
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Load the model or connect; called once before the first request."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the model, processes and connections."""
+
+    @abc.abstractmethod
+    async def chat(self, request: ChatRequest) -> Generation:
+        """Answer a chat request."""
+
+    async def chat_stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        """Answer a chat request as content deltas followed by the final `Generation`.
+
+        Tool-call markup never appears in the deltas; tool calls arrive in the final message.
+        The default streams the whole content in one piece."""
+        generation = await self.chat(request)
+        content = generation.message.get("content")
+        if content:
+            yield TextDelta(content)
+        yield generation
+
+    @abc.abstractmethod
+    async def complete(self, request: CompletionRequest) -> Generation:
+        """Answer a legacy completions request (no chat template)."""
+
+    async def update_weights(self, weights: Mapping[str, Any] | str, version: int) -> None:
+        """Serve new weights from now on: a state dict or a checkpoint directory. The proxy
+        calls it with no request in flight."""
+        raise NotImplementedError(f"the {self.name} engine cannot take new weights")

@@ -1,0 +1,82 @@
+"""Span conventions: the attribute names every span producer writes and every consumer reads.
+
+Producers are the LLM proxy (LLM spans with token ids), the tracers and their instrumentation
+(agent, tool, reward and exception spans, and LLM spans for calls that bypass the proxy), and the
+OTLP receiver (spans from any OpenTelemetry SDK). The adapter reads them. Values are plain JSON;
+through OpenTelemetry, whose attributes cannot hold nested objects, the keys in `JSON_ATTRIBUTES`
+travel as JSON strings and are decoded on the way into the store.
+"""
+
+from __future__ import annotations
+
+# -- which rollout a span belongs to (OTel resource or span attributes; HTTP headers to the proxy) --
+ROLLOUT_ID = "alight.rollout_id"
+ATTEMPT_ID = "alight.attempt_id"
+SPAN_KIND = "alight.span.kind"  # one of alight.types.SpanKind, for spans that come through OTel
+
+# -- every span made inside an agent --
+AGENT_NAME = "alight.agent.name"  # which agent (of a multi-agent workflow) made the span
+RESOURCES_VERSION = "alight.resources_version"  # resource set / weights version that served an LLM call
+
+# -- LLM calls (kind=llm, name "llm.chat" or "llm.completion") --
+LLM_SOURCE = "llm.source"  # "proxy" (alight's proxy wrote it, with token ids) or "client" (instrumentation)
+LLM_REQUEST_MESSAGES = "llm.request.messages"  # list of OpenAI chat messages
+LLM_REQUEST_PROMPT = "llm.request.prompt"  # completions API: the prompt text
+LLM_REQUEST_TOOLS = "llm.request.tools"  # list of OpenAI tool definitions, or absent
+LLM_REQUEST_MODEL = "llm.request.model"
+LLM_REQUEST_SAMPLING = "llm.request.sampling"  # dict: temperature, top_p, max_tokens, stop, seed, ...
+LLM_STREAM = "llm.stream"  # bool: the client asked for a streamed answer
+LLM_RESPONSE_MESSAGE = "llm.response.message"  # OpenAI assistant message: role, content, tool_calls
+LLM_RESPONSE_TEXT = "llm.response.text"  # completions API: the generated text
+LLM_FINISH_REASON = "llm.response.finish_reason"
+LLM_RESPONSE_MODEL = "llm.response.model"
+LLM_PROMPT_TOKEN_IDS = "llm.prompt_token_ids"  # list[int]: the exact prompt the engine saw
+LLM_RESPONSE_TOKEN_IDS = "llm.response_token_ids"  # list[int]: the tokens the engine generated
+LLM_RESPONSE_LOGPROBS = "llm.response_logprobs"  # list[float], one per response token
+LLM_TOKEN_IDS_SOURCE = "llm.token_ids_source"  # "engine", "tokenizer" or "none" (text only)
+LLM_USAGE = "llm.usage"  # dict: prompt_tokens, completion_tokens, total_tokens
+LLM_LATENCY_S = "llm.latency_s"
+
+# -- tool calls (kind=tool, name = the tool's name) --
+TOOL_NAME = "tool.name"
+TOOL_CALL_ID = "tool.call_id"
+TOOL_ARGUMENTS = "tool.arguments"  # JSON string or dict, as the model produced it
+TOOL_OUTPUT = "tool.output"
+TOOL_ERROR = "tool.error"  # bool: the tool raised or reported failure
+TOOL_EXIT_STATUS = "tool.exit_status"  # int, for tools that run a process
+TOOL_SQL = "tool.sql"  # the SQL statement a database tool ran (AIR rules look at it)
+
+# -- rewards (kind=reward, name "reward") --
+REWARD_VALUE = "reward.value"  # float
+REWARD_NAME = "reward.name"  # optional label: "final", "format", "exec", ...
+REWARD_SOURCE = "reward.source"  # "agent" (emitted or returned) or "air" (automatic rule)
+
+# -- exceptions (kind=other, name "exception", status error; OpenTelemetry's names) --
+EXCEPTION_TYPE = "exception.type"
+EXCEPTION_MESSAGE = "exception.message"
+EXCEPTION_STACKTRACE = "exception.stacktrace"
+
+#: Attributes that hold lists or objects: sent as JSON strings through OpenTelemetry.
+JSON_ATTRIBUTES = frozenset(
+    {
+        LLM_REQUEST_MESSAGES,
+        LLM_REQUEST_TOOLS,
+        LLM_REQUEST_SAMPLING,
+        LLM_RESPONSE_MESSAGE,
+        LLM_PROMPT_TOKEN_IDS,
+        LLM_RESPONSE_TOKEN_IDS,
+        LLM_RESPONSE_LOGPROBS,
+        LLM_USAGE,
+        TOOL_ARGUMENTS,
+        TOOL_OUTPUT,
+    }
+)
+
+# -- HTTP headers from an agent's LLM client to the proxy --
+HEADER_ROLLOUT_ID = "x-alight-rollout-id"  # for clients that cannot put the ids in the base URL path
+HEADER_ATTEMPT_ID = "x-alight-attempt-id"
+HEADER_AGENT_NAME = "x-alight-agent"  # the agent making the call (set by instrumentation)
+HEADER_PARENT_SPAN_ID = "x-alight-parent-span-id"  # the client-side span the call happens under
+HEADER_TRACE_ID = "x-alight-trace-id"
+HEADER_SEQUENCE_ID = "x-alight-sequence-id"  # the call's place among the attempt's spans (client counter)
+SEQUENCE_ID = "alight.sequence_id"  # the same, as an OTel span attribute
