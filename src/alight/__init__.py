@@ -29,13 +29,24 @@ _EXPORTS = {
     "MemoryStore": "alight.store",
     "SqliteStore": "alight.store",
     "StoreClient": "alight.store",
+    "rollout": "alight.agent",
+    "LitAgent": "alight.agent",
+    "LLM": "alight.agent",
+    "load_agent": "alight.agent",
+    "emit_reward": "alight.tracing",
+    "emit_tool": "alight.tracing",
+    "emit_exception": "alight.tracing",
+    "agent_scope": "alight.tracing",
+    "make_tracer": "alight.tracing",
 }
 
 __all__ = [
+    "LLM",
     "AlightError",
     "Attempt",
     "AttemptStatus",
     "LLMResource",
+    "LitAgent",
     "MemoryStore",
     "PromptTemplate",
     "ResourceSet",
@@ -50,11 +61,20 @@ __all__ = [
     "Task",
     "Transition",
     "__version__",
+    "agent_scope",
+    "emit_exception",
+    "emit_reward",
+    "emit_tool",
+    "load_agent",
+    "make_tracer",
+    "rollout",
 ]
 
 if TYPE_CHECKING:
+    from alight.agent import LLM, LitAgent, load_agent, rollout
     from alight.errors import AlightError
     from alight.store import MemoryStore, SqliteStore, Store, StoreClient
+    from alight.tracing import agent_scope, emit_exception, emit_reward, emit_tool, make_tracer
     from alight.types import (
         Attempt,
         AttemptStatus,

@@ -294,6 +294,23 @@ def create_app(
     async def health(request: Request) -> bytes:
         return b'{"status":"ok"}'
 
+    # -- OTLP/HTTP: spans from any OpenTelemetry SDK or Collector (protobuf or JSON) ----------
+    async def otlp_traces(request: Request) -> Response:
+        from alight.tracing.otlp import receive_traces  # loads opentelemetry-proto on first use
+
+        try:
+            answer, media_type = await receive_traces(
+                store, await body(request), request.headers.get("content-type"), request.headers.get("content-encoding")
+            )
+        except AlightError as err:
+            return _error(err.http_status if err.http_status != 422 else 400, err.code, str(err))
+        except ClientDisconnect:
+            return _error(400, InvalidRequestError.code, "client disconnected while sending the body")
+        except Exception as err:
+            logger.exception("store server: POST /v1/traces failed")
+            return _error(500, StoreError.code, f"internal error: {type(err).__name__}: {err}")
+        return Response(answer, media_type=media_type)
+
     route("/store/enqueue", "POST", enqueue)
     route("/store/dequeue", "POST", dequeue)
     route("/store/attempts/{attempt_id}/start", "POST", start_attempt)
@@ -313,6 +330,7 @@ def create_app(
     route("/store/counts", "GET", counts)
     route("/store/reap", "POST", reap, idempotent=True)
     route("/health", "GET", health)
+    app.add_route("/v1/traces", otlp_traces, methods=["POST"])
     return app
 
 

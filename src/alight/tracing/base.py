@@ -1,0 +1,90 @@
+"""The `Tracer` interface: one attempt's tracing from the runner's point of view.
+
+`tracer.attempt(store, rollout, attempt, agent_name=...)` wraps one run of the agent: it opens an
+AGENT span for the run, makes the attempt current for the code inside (see `context`), and writes
+every finished span to the store when it exits. `instrument()` hooks the libraries agents use
+(openai, LangChain/LangGraph, the OpenAI Agents SDK) once per process, so agent code needs no
+alight call to be traced.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager
+from typing import Any, Literal
+
+from alight import semconv
+from alight.errors import ConfigError
+from alight.store.base import Store
+from alight.tracing.context import AttemptContext
+from alight.types import Attempt, Rollout, SpanKind, SpanStatus
+
+logger = logging.getLogger(__name__)
+
+#: Context managers entered around every attempt (instrumentations register theirs here).
+ATTEMPT_HOOKS: list[Callable[[], AbstractContextManager[Any]]] = []
+
+
+class Tracer(abc.ABC):
+    """Records the spans of attempts into a store; subclasses choose how spans are made."""
+
+    def instrument(self) -> None:
+        """Hook openai, LangChain/LangGraph and the OpenAI Agents SDK (those installed). Idempotent,
+        once per process; the hooks act only inside an attempt."""
+        from alight.tracing.instrument import instrument_all
+
+        instrument_all()
+
+    @abc.abstractmethod
+    def _new_attempt(self, store: Store, rollout_id: str, attempt_id: str, agent_name: str) -> AttemptContext:
+        """The tracer's attempt context."""
+
+    def _end_attempt(self, ctx: AttemptContext) -> None:  # noqa: B027 - optional hook
+        """Called once the attempt's spans are flushed."""
+
+    @contextlib.asynccontextmanager
+    async def attempt(
+        self, store: Store, rollout: Rollout, attempt: Attempt, *, agent_name: str
+    ) -> AsyncIterator[AttemptContext]:
+        """Trace one run of the agent: an AGENT span around it, every span flushed on exit."""
+        ctx = self._new_attempt(store, rollout.rollout_id, attempt.attempt_id, agent_name)
+        root = ctx.start_span(agent_name, SpanKind.AGENT, {semconv.AGENT_NAME: agent_name}, frame=None)
+        try:
+            with contextlib.ExitStack() as hooks:
+                for hook in ATTEMPT_HOOKS:
+                    hooks.enter_context(hook())
+                with ctx.activate(agent_name, root):
+                    try:
+                        yield ctx
+                    except BaseException as err:
+                        root.end(SpanStatus.ERROR, " ".join(f"{type(err).__name__}: {err}".split())[:1000])
+                        raise
+                    root.end()
+        finally:
+            try:
+                await ctx.flush()
+            finally:
+                self._end_attempt(ctx)
+
+    def langchain_handler(self) -> Any:
+        """A LangChain callback handler recording agent (node) and tool spans; pass it in
+        `config={"callbacks": [...]}` where automatic registration does not reach."""
+        from alight.tracing.langchain import AlightCallbackHandler
+
+        return AlightCallbackHandler()
+
+
+def make_tracer(kind: Literal["light", "otel"] = "light") -> Tracer:
+    """The tracer named by `kind`: "light" (no dependency) or "otel" (OpenTelemetry SDK)."""
+    if kind == "light":
+        from alight.tracing.light import LightTracer
+
+        return LightTracer()
+    if kind == "otel":
+        from alight.tracing.otel import OtelTracer
+
+        return OtelTracer()
+    raise ConfigError(f"unknown tracer {kind!r}: choose 'light' or 'otel'")
