@@ -65,6 +65,13 @@ class StoreUnavailableError(StoreError):
     code = "store_unavailable"
 
 
+class EngineUnavailableError(AlightError):
+    """The inference backend could not answer: a remote endpoint is down, timed out or failed."""
+
+    http_status = 502
+    code = "engine_unavailable"
+
+
 #: Error classes by their `code`, for the HTTP client to raise what the server raised.
 ERRORS_BY_CODE: dict[str, type[AlightError]] = {
     cls.code: cls
@@ -77,5 +84,6 @@ ERRORS_BY_CODE: dict[str, type[AlightError]] = {
         InvalidTransitionError,
         PayloadTooLargeError,
         StoreUnavailableError,
+        EngineUnavailableError,
     )
 }

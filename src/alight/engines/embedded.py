@@ -1,0 +1,397 @@
+"""The embedded engine: a `transformers` causal LM served in process, on CPU or GPU.
+
+Concurrent requests are gathered into batches and run by one background thread that owns the
+model, so no torch work happens on the event loop. Each answer carries the exact prompt ids (the
+chat template's text, encoded), the response ids and their log-probs, and the version of the
+weights that produced it; `update_weights` swaps weights in place between batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alight.engines.base import (
+    ChatRequest,
+    CompletionRequest,
+    Engine,
+    Generation,
+    SamplingParams,
+    StreamEvent,
+    TextDelta,
+)
+from alight.engines.chat_template import render_prompt
+from alight.engines.sampling import Sequence, SequenceOutput, generate
+from alight.engines.toolcalls import PlainTextStream, ToolCallStreamFilter, assistant_message, validate_tools
+from alight.engines.weights import load_weights_into
+from alight.errors import ConfigError, InvalidRequestError
+
+logger = logging.getLogger(__name__)
+
+TINY = "tiny"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def default_cache_dir() -> Path:
+    """Where alight keeps models it builds itself ($XDG_CACHE_HOME/alight or ~/.cache/alight)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "alight"
+
+
+def tiny_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The tiny model's directory under `cache_dir`, built on first use."""
+    from alight.models.tiny import MARKER_FILE, build_tiny_model
+
+    path = Path(cache_dir) if cache_dir is not None else default_cache_dir() / TINY
+    if not (path / MARKER_FILE).is_file() or not (path / "model.safetensors").is_file():
+        logger.info("building the tiny model in %s", path)
+        build_tiny_model(path)
+    return path
+
+
+@dataclass
+class _Job:
+    sequence: Sequence
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[tuple[SequenceOutput, int]]
+    texts: asyncio.Queue[str | None] | None = None  # streaming: settled text after each token, None at the end
+
+
+class EmbeddedEngine(Engine):
+    """A Hugging Face causal LM with its chat template and Hermes tool calls, batched in one thread.
+
+    `model` is "tiny" (alight's tiny Qwen2, built once into `cache_dir`) or a model directory.
+    Response token ids stop at and include the end-of-turn token (`<|im_end|>` or eos) when the
+    model generated it; the text excludes it. Log-probs are log_softmax(logits / T) at each sampled
+    token, T = temperature (T = 1 when temperature is 0), from the logits that sampled it.
+    """
+
+    name = "embedded"
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] = TINY,
+        *,
+        device: str = "cpu",
+        dtype: str = "auto",  # auto: float32 on CPU, bfloat16 on GPU
+        max_batch_size: int = 8,
+        max_new_tokens: int = 512,  # limit of a request that sets no max_tokens
+        max_context: int | None = None,  # None: the model's max_position_embeddings
+        batch_wait_ms: float = 2.0,  # how long the first request of a batch waits for others
+        seed: int | None = None,  # seeds requests that bring no seed; None: torch's global RNG
+        served_name: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,  # where "tiny" is built
+        torch_threads: int | None = None,  # CPU threads for torch (process-wide); None: torch's default
+    ) -> None:
+        if dtype not in DTYPES:
+            raise ConfigError(f"embedded engine: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if max_batch_size < 1 or max_new_tokens < 1 or batch_wait_ms < 0:
+            raise ConfigError("embedded engine: max_batch_size and max_new_tokens must be >= 1, batch_wait_ms >= 0")
+        self._source = str(model)
+        self._served_name = served_name or (TINY if self._source == TINY else Path(self._source).name or self._source)
+        self._device, self._dtype, self._cache_dir = device, dtype, cache_dir
+        self.max_batch_size, self.max_new_tokens, self.batch_wait_ms = max_batch_size, max_new_tokens, batch_wait_ms
+        self._max_context_arg, self._seed, self._torch_threads = max_context, seed, torch_threads
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._eos_ids: set[int] = set()
+        self._pad_id = 0
+        self._generator: Any = None
+        self._version = 0
+        self._load_lock = threading.Lock()
+        self._model_lock = threading.Lock()  # held by a running batch and by a weight update
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    # -- the model ---------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Load tokenizer and model (idempotent, thread-safe). Raises ConfigError if they cannot load."""
+        with self._load_lock:
+            if self._model is not None:
+                return
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            if self._torch_threads is not None:
+                torch.set_num_threads(self._torch_threads)
+            path = tiny_model_dir(self._cache_dir) if self._source == TINY else Path(self._source)
+            on_gpu = self._device.startswith("cuda")
+            dtype = {"auto": torch.bfloat16 if on_gpu else torch.float32}.get(self._dtype) or getattr(
+                torch, self._dtype
+            )
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path)
+                model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+                model = model.to(self._device).eval()
+            except (OSError, ValueError, RuntimeError) as err:
+                raise ConfigError(f"embedded engine: cannot load model {self._source!r}: {_first_line(err)}") from err
+            eos: set[int] = set()
+            for value in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
+                eos.update(value if isinstance(value, list) else [] if value is None else [value])
+            im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+            if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+                eos.add(im_end)
+            self._eos_ids = eos
+            pad = tokenizer.pad_token_id
+            self._pad_id = pad if pad is not None else min(eos, default=0)
+            if self._seed is not None:
+                self._generator = torch.Generator(device=self._device).manual_seed(self._seed)
+            self._tokenizer, self._model = tokenizer, model
+
+    @property
+    def model(self) -> Any:
+        """The live `transformers` model (loaded on first use). Change weights with `update_weights`."""
+        self.load()
+        return self._model
+
+    @property
+    def tokenizer(self) -> Any:
+        self.load()
+        return self._tokenizer
+
+    @property
+    def model_names(self) -> list[str]:
+        return list(dict.fromkeys([self._served_name, self._source]))
+
+    @property
+    def weights_version(self) -> int | None:
+        return self._version
+
+    @property
+    def max_context(self) -> int | None:
+        if self._max_context_arg is not None:
+            return self._max_context_arg
+        return int(self.model.config.max_position_embeddings)
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.load)
+        self._ensure_worker()
+
+    async def close(self) -> None:
+        thread = self._thread
+        if thread is not None:
+            self._queue.put(None)
+            await asyncio.to_thread(thread.join)
+            self._thread = None
+
+    def _ensure_worker(self) -> None:
+        with self._load_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="alight-embedded-engine", daemon=True)
+                self._thread.start()
+
+    def _serve(self) -> None:
+        """The worker thread: gather a batch, run it, hand results back to each caller's loop."""
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            jobs, stop = [first], False
+            deadline = time.monotonic() + self.batch_wait_ms / 1000
+            while len(jobs) < self.max_batch_size:
+                try:
+                    job = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
+                except queue.Empty:
+                    break
+                if job is None:
+                    stop = True
+                    break
+                jobs.append(job)
+            self._run(jobs)
+            if stop:
+                return
+
+    def _run(self, jobs: list[_Job]) -> None:
+        try:
+            with self._model_lock:
+                version = self._version
+                outputs = generate(
+                    self._model,
+                    [job.sequence for job in jobs],
+                    pad_id=self._pad_id,
+                    eos_ids=self._eos_ids,
+                    decode=self._decode,
+                )
+        except Exception as err:  # a failed batch fails its requests, never the worker
+            logger.exception("embedded engine: batch of %d failed", len(jobs))
+            for job in jobs:
+                _deliver(job, None, err)
+            return
+        for job, output in zip(jobs, outputs, strict=True):
+            _deliver(job, (output, version), None)
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def _check_model(self, name: str) -> None:
+        if name not in self.model_names:
+            raise InvalidRequestError(f"unknown model {name!r}; this engine serves {', '.join(self.model_names)}")
+
+    def _sequence(self, prompt_ids: list[int], sampling: SamplingParams) -> Sequence:
+        import torch
+
+        limit = self.max_context or 0
+        if len(prompt_ids) >= limit:
+            raise InvalidRequestError(f"the prompt is {len(prompt_ids)} tokens; the model's context is {limit}")
+        if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
+            raise InvalidRequestError("temperature must be >= 0 and top_p in (0, 1]")
+        if sampling.max_tokens is not None and sampling.max_tokens < 1:
+            raise InvalidRequestError("max_tokens must be at least 1")
+        if not all(isinstance(s, str) and s for s in sampling.stop):
+            raise InvalidRequestError("stop must be a list of non-empty strings")
+        wanted = sampling.max_tokens if sampling.max_tokens is not None else self.max_new_tokens
+        generator = self._generator
+        if sampling.seed is not None:
+            generator = torch.Generator(device=self._device).manual_seed(sampling.seed)
+        return Sequence(
+            prompt_ids=prompt_ids,
+            max_new_tokens=min(wanted, limit - len(prompt_ids)),  # what fits in the context
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            stop=list(sampling.stop),
+            generator=generator,
+        )
+
+    async def _ensure_loaded(self) -> None:
+        if self._model is None:
+            await asyncio.to_thread(self.load)
+
+    async def _prepare_chat(self, request: ChatRequest) -> tuple[Sequence, bool]:
+        await self._ensure_loaded()
+        self._check_model(request.model)
+        tools = validate_tools(request.tools)
+        text = render_prompt(self._tokenizer, request.messages, tools)
+        prompt_ids = list(self._tokenizer.encode(text, add_special_tokens=False))
+        parse_tools = bool(tools) and request.tool_choice != "none"
+        return self._sequence(prompt_ids, request.sampling), parse_tools
+
+    def _submit(self, sequence: Sequence, *, stream: bool) -> _Job:
+        self._ensure_worker()
+        loop = asyncio.get_running_loop()
+        job = _Job(sequence, loop, loop.create_future())
+        if stream:
+            texts: asyncio.Queue[str | None] = asyncio.Queue()
+            job.texts = texts
+            sequence.on_text = _threadsafe_put(loop, texts)
+        self._queue.put(job)
+        return job
+
+    def _generation(self, sequence: Sequence, output: SequenceOutput, version: int, parse_tools: bool) -> Generation:
+        message = assistant_message(output.text, parse_tools=parse_tools)
+        finish = "tool_calls" if message.get("tool_calls") and output.finish_reason == "stop" else output.finish_reason
+        return Generation(
+            model=self._served_name,
+            text=output.text,
+            message=message,
+            finish_reason=finish,
+            prompt_token_ids=list(sequence.prompt_ids),
+            response_token_ids=output.token_ids,
+            response_logprobs=output.logprobs,
+            token_ids_source="engine",
+            prompt_tokens=len(sequence.prompt_ids),
+            completion_tokens=len(output.token_ids),
+            weights_version=version,
+        )
+
+    async def chat(self, request: ChatRequest) -> Generation:
+        sequence, parse_tools = await self._prepare_chat(request)
+        output, version = await self._submit(sequence, stream=False).future
+        return self._generation(sequence, output, version, parse_tools)
+
+    async def chat_stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
+        """Content deltas as tokens are generated, then the Generation (same ids as `chat`).
+
+        Text that could still turn into tool-call markup or a stop string is held back; the
+        deltas concatenate to exactly the final message's content."""
+        sequence, parse_tools = await self._prepare_chat(request)
+        job = self._submit(sequence, stream=True)
+        assert job.texts is not None
+        shown = ToolCallStreamFilter() if parse_tools else PlainTextStream()
+        while (text := await job.texts.get()) is not None:
+            if delta := shown.feed(text):
+                yield TextDelta(delta)
+        output, version = await job.future
+        generation = self._generation(sequence, output, version, parse_tools)
+        if delta := shown.feed(output.text, final=True):
+            yield TextDelta(delta)
+        yield generation
+
+    async def complete(self, request: CompletionRequest) -> Generation:
+        """Continue a raw prompt (text or token ids), no chat template, no tool-call parsing."""
+        await self._ensure_loaded()
+        self._check_model(request.model)
+        prompt_ids = self._completion_prompt(request.prompt)
+        sequence = self._sequence(prompt_ids, request.sampling)
+        output, version = await self._submit(sequence, stream=False).future
+        return self._generation(sequence, output, version, parse_tools=False)
+
+    def _completion_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = list(self._tokenizer.encode(prompt, add_special_tokens=True))
+        elif isinstance(prompt, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+            vocab = int(self._model.get_input_embeddings().num_embeddings)
+            if any(not 0 <= i < vocab for i in prompt):
+                raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
+            ids = list(prompt)
+        else:
+            raise InvalidRequestError("prompt must be a string or a list of token ids")
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
+        return ids
+
+    async def update_weights(self, weights: Mapping[str, Any] | str, version: int) -> None:
+        """Load new weights into the live model between batches; later answers carry `version`.
+
+        `weights` is a state dict (tensors on any device) or a checkpoint directory/file
+        (safetensors or PyTorch). Raises ConfigError when the weights do not fit the model."""
+        await self._ensure_loaded()
+
+        def apply() -> None:
+            with self._model_lock:
+                load_weights_into(self._model, weights)
+                self._version = version
+
+        await asyncio.to_thread(apply)
+        logger.info("embedded engine: serving weights version %d", version)
+
+
+def _threadsafe_put(loop: asyncio.AbstractEventLoop, texts: asyncio.Queue[str | None]) -> Callable[[str], None]:
+    def put(text: str) -> None:
+        with contextlib.suppress(RuntimeError):  # the caller's loop is gone
+            loop.call_soon_threadsafe(texts.put_nowait, text)
+
+    return put
+
+
+def _deliver(job: _Job, result: tuple[SequenceOutput, int] | None, error: BaseException | None) -> None:
+    """Resolve a job's future (and end its text stream) on the caller's loop."""
+
+    def resolve() -> None:
+        if not job.future.done():
+            if error is not None:
+                job.future.set_exception(error)
+            else:
+                assert result is not None
+                job.future.set_result(result)
+        if job.texts is not None:
+            job.texts.put_nowait(None)
+
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits for this answer
+        job.loop.call_soon_threadsafe(resolve)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]

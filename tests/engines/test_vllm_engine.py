@@ -1,0 +1,179 @@
+"""The vLLM engine without a GPU: request/response translation, a scripted vLLM-style server, and the
+process life cycle with a stand-in `vllm` command (tests/engines/fake_vllm.py: vLLM needs a GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from alight.engines import vllm_engine
+from alight.engines.base import ChatRequest, CompletionRequest, SamplingParams
+from alight.engines.vllm_engine import VLLMEngine, chat_body, completion_body, generation_from_vllm
+from alight.engines.vllm_server import serve_command, vllm_executable
+from alight.errors import ConfigError, InvalidRequestError
+from tests.engines.openai_server import Script, ScriptedOpenAIServer
+
+pytestmark = pytest.mark.anyio
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+MESSAGES = [{"role": "user", "content": "2+3?"}]
+
+
+def test_chat_body_asks_for_ids_logprobs_and_raw_text() -> None:
+    request = ChatRequest(
+        model="tiny",
+        messages=MESSAGES,
+        tools=TOOLS,
+        tool_choice="auto",
+        sampling=SamplingParams(temperature=0.3, top_p=0.9, max_tokens=7, stop=["x"], seed=2),
+        extra={"top_k": 4},
+    )
+    assert chat_body(request, "tiny") == {
+        "model": "tiny",
+        "messages": MESSAGES,
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "logprobs": True,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "tools": TOOLS,
+        "tool_choice": "none",
+        "max_tokens": 7,
+        "stop": ["x"],
+        "seed": 2,
+        "top_k": 4,
+    }
+    with pytest.raises(InvalidRequestError):
+        chat_body(ChatRequest(model="tiny", messages=MESSAGES, tools=[{"function": {}}]), "tiny")
+
+
+def test_completion_body() -> None:
+    body = completion_body(CompletionRequest(model="m", prompt=[1, 2], sampling=SamplingParams(0.0)), "m")
+    assert body == {
+        "model": "m",
+        "prompt": [1, 2],
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "logprobs": 1,
+    }
+
+
+def test_response_with_ids_and_tool_call_markup() -> None:
+    text = 'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call><|im_end|>'
+    data = {
+        "prompt_token_ids": [5, 6],
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+                "token_ids": [7, 8, 2],
+                "logprobs": {"content": [{"logprob": -1.0}, {"logprob": -2.0}, {"logprob": -0.5}]},
+            }
+        ],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 3},
+    }
+    generation = generation_from_vllm(data, chat=True, served_name="tiny", parse_tools=True, weights_version=4)
+    assert generation.text == text.removesuffix("<|im_end|>")
+    assert generation.finish_reason == "tool_calls"
+    assert generation.message["content"] == "Sure."
+    assert generation.message["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 2}'}
+    assert (generation.prompt_token_ids, generation.response_token_ids) == ([5, 6], [7, 8, 2])
+    assert generation.response_logprobs == [-1.0, -2.0, -0.5]
+    assert (generation.token_ids_source, generation.weights_version) == ("engine", 4)
+    plain = generation_from_vllm(data, chat=True, served_name="tiny", parse_tools=False, weights_version=4)
+    assert "tool_calls" not in plain.message and plain.finish_reason == "stop"
+
+
+def test_serve_command() -> None:
+    cmd = serve_command(
+        ["vllm"], "/m", host="127.0.0.1", port=8011, served_name="tiny", gpu_memory_utilization=0.3,
+        max_model_len=512, extra_args=["--enforce-eager"],
+    )  # fmt: skip
+    assert cmd == [
+        "vllm", "serve", "/m", "--host", "127.0.0.1", "--port", "8011", "--served-model-name", "tiny",
+        "--gpu-memory-utilization", "0.3", "--dtype", "auto", "--max-model-len", "512", "--seed", "0",
+        "--logprobs-mode", "processed_logprobs", "--enforce-eager",
+    ]  # fmt: skip
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_missing_vllm_is_a_one_line_config_error_naming_the_extra() -> None:
+    with pytest.raises(ConfigError) as err:
+        vllm_executable()
+    assert str(err.value) == 'the vllm engine needs vLLM: pip install "alight[vllm]"'
+
+
+async def test_a_running_server_by_url() -> None:
+    with ScriptedOpenAIServer(Script(content="<tool_call>{bad</tool_call>")) as server:
+        engine = VLLMEngine(base_url=server.base_url, served_name="policy")
+        await engine.start()
+        generation = await engine.chat(ChatRequest(model="policy", messages=MESSAGES, tools=TOOLS))
+        assert generation.message["content"] == "<tool_call>{bad</tool_call>"  # malformed: stays content
+        assert (generation.prompt_token_ids, generation.response_token_ids) == ([1, 2, 3, 4], [10, 11, 12])
+        assert server.requests[-1]["return_token_ids"] is True
+        completion = await engine.complete(CompletionRequest(model="policy", prompt="Once"))
+        assert completion.response_logprobs == [-10.5, -11.5, -12.5]
+        with pytest.raises(InvalidRequestError, match="unknown model"):
+            await engine.chat(ChatRequest(model="nope", messages=MESSAGES))
+        server.script = Script(status=400, error_message="This model's maximum context length is 1024 tokens.")
+        with pytest.raises(InvalidRequestError, match="maximum context length"):
+            await engine.chat(ChatRequest(model="policy", messages=MESSAGES))
+        with pytest.raises(ConfigError, match="start the vLLM server itself"):
+            await engine.update_weights({}, 1)
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    script = Path(__file__).with_name("fake_vllm.py")
+    monkeypatch.setattr(vllm_engine, "vllm_executable", lambda: [sys.executable, str(script)])
+    yield
+
+
+async def test_process_life_cycle_weight_reload_and_restart_fallback(
+    fake_vllm: None, tiny_dir: Path, tmp_path: Path
+) -> None:
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    engine = VLLMEngine("tiny", cache_dir=tiny_dir, work_dir=tmp_path, startup_timeout_s=60)
+    request = ChatRequest(model="tiny", messages=MESSAGES)
+    original = (tiny_dir / "model.safetensors").read_bytes()
+    await engine.start()
+    try:
+        first = (await engine.chat(request)).text
+        assert first.startswith("weights ") and engine.weights_version == 0
+        assert engine.max_context == 1024
+        state = {k: v + 1.0 for k, v in load_file(str(tiny_dir / "model.safetensors")).items()}
+        await engine.update_weights(state, 3)  # in place: /collective_rpc reload_weights
+        second = await engine.chat(request)
+        assert second.text != first and second.weights_version == 3
+        assert (tiny_dir / "model.safetensors").read_bytes() == original  # the user's model is untouched
+        served = load_file(str(tmp_path / "model" / "model.safetensors"))
+        assert torch.equal(served["model.norm.weight"], state["model.norm.weight"])
+
+        (tmp_path / "model" / "no_reload").touch()  # the server cannot reload: the engine restarts it
+        await engine.update_weights(str(tiny_dir), 4)
+        (tmp_path / "model" / "no_reload").unlink()
+        await engine.update_weights(str(tiny_dir), 5)  # in place again, on the restarted process
+        third = await engine.chat(request)
+        assert third.text == first and third.weights_version == 5
+    finally:
+        await engine.close()
+    assert (tmp_path / "vllm.log").read_text().count("fake vllm serving") == 2  # started, restarted once
+
+
+async def test_a_process_that_dies_at_start_is_a_config_error(fake_vllm: None, tiny_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "src"
+    model.mkdir()
+    for path in tiny_dir.iterdir():
+        (model / path.name).symlink_to(path)
+    (model / "crash").touch()
+    engine = VLLMEngine(model, work_dir=tmp_path / "work", startup_timeout_s=60)
+    with pytest.raises(ConfigError, match="exited with code 3"):
+        await engine.start()

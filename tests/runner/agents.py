@@ -1,0 +1,64 @@
+"""Agents the runner tests load by entrypoint (`tests/runner/agents.py:NAME`) in worker processes.
+
+`fault_agent` misbehaves as its task asks, on the attempts the task names, so the outcome of
+every rollout is known in advance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+from alight.agent import LitAgent, rollout
+from alight.tracing import emit_reward
+from alight.types import Attempt
+
+
+@rollout
+async def noop(task: Any) -> float:
+    return 1.0
+
+
+@rollout
+async def slow(task: Any) -> float:
+    await asyncio.sleep(float(task.get("sleep", 1.0)))
+    return 1.0
+
+
+class Doubler(LitAgent):
+    """A class agent: instances pickle, so a pool can take the object instead of an entrypoint."""
+
+    async def rollout(self, task: int) -> float:
+        return 2.0 * task
+
+
+async def _hang() -> None:
+    await asyncio.sleep(1000)
+
+
+async def _block_loop() -> None:
+    time.sleep(1000)  # blocks the worker's event loop: only the supervisor can stop it
+
+
+@rollout
+def fault_agent(task: dict[str, Any], attempt: Attempt) -> Any:
+    """A sync agent (it runs in a thread); `task["fault"]` happens on `task["on"]` attempts."""
+    fault = task.get("fault")
+    if fault and attempt.number in task.get("on", [1]):
+        if fault == "raise":
+            raise ValueError(f"fault injected on attempt {attempt.number}")
+        if fault == "sync_hang":
+            time.sleep(1000)
+        if fault == "async_hang":
+            return _hang()  # LitAgent.run awaits what a sync agent returns: a hang on the event loop
+        if fault == "block_loop":
+            return _block_loop()
+        if fault == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+    if task.get("emit") is not None:
+        emit_reward(float(task["emit"]))
+        return None
+    return float(task.get("reward", 1.0))
