@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import multiprocessing as mp
 import os
 import platform
@@ -124,6 +125,9 @@ async def _overheads(kind: str, calls: int, repeat: int) -> dict[str, list[float
         "proxy_headers": _openai_client(f"http://proxy.bench.invalid/rollout/{rid}/attempt/{aid}/v1"),
     }
     out: dict[str, list[float]] = {"span": [], "proxy_headers": [], "untraced": []}
+    # The untraced side runs outside the attempt, where the instrumentation's request hook (which
+    # every openai request passes, whatever the method) only looks up the context variable.
+    outside = contextvars.copy_context()
     async with tracer.attempt(store, claim.rollout, claim.attempt, agent_name="bench") as ctx:
         for path, client in clients.items():
             completions = client.chat.completions
@@ -132,7 +136,7 @@ async def _overheads(kind: str, calls: int, repeat: int) -> dict[str, list[float
                 return completions.create(model="fake-model", messages=MESSAGES, temperature=0.7)
 
             def untraced(completions: Any = completions) -> Any:
-                return original(completions, model="fake-model", messages=MESSAGES, temperature=0.7)
+                return outside.run(original, completions, model="fake-model", messages=MESSAGES, temperature=0.7)
 
             _per_call_s(traced, 50)  # warm up both paths
             _per_call_s(untraced, 50)

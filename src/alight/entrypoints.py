@@ -50,6 +50,10 @@ def _import_module(module_part: str, entrypoint: str, what: str) -> Any:
             del sys.modules[name]
             raise ConfigError(f"{prefix}: importing {module_part} failed: {one_line(err)}") from None
         return module
+    # As with `python -m`, modules of the working directory (a project's own packages) are importable.
+    cwd = str(Path.cwd())
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
     try:
         return importlib.import_module(module_part)
     except ModuleNotFoundError as err:

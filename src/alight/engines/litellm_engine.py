@@ -29,6 +29,10 @@ def import_litellm() -> Any:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
+    # LiteLLM logs every call at INFO, partly to stdout (which `--json` output owns): warnings only.
+    litellm.suppress_debug_info = True
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     return litellm
 
 
