@@ -19,23 +19,17 @@ Usage: python benchmarks/store_bench.py [--json] [--seconds 5] [--repeat 3] [--c
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing as mp
-import os
-import platform
-import socket
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from alight.store import MemoryStore, Store
 from alight.types import AttemptStatus, Rollout, Span, Task
+from bench_report import arguments, emit, median_row
+from store_process import store_server_process
 
 SPANS_PER_CYCLE = 20
 
@@ -136,32 +130,6 @@ def _measure_memory(metric: str, clients: int, seconds: float, batch: int) -> fl
     return asyncio.run(run())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _server_process(db: str, port: int) -> None:
-    from alight.store.server import serve
-    from alight.store.sqlite import SqliteStore
-
-    serve(SqliteStore(db), host="127.0.0.1", port=port)
-
-
-def _wait_healthy(url: str, timeout: float = 30.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise RuntimeError(f"store server at {url} did not come up")
-
-
 def measure(case: str, metric: str, clients: int, seconds: float, batch: int, workdir: Path) -> float:
     workdir.mkdir(parents=True, exist_ok=True)
     db = str(workdir / f"{case}-{metric}.db")
@@ -171,27 +139,16 @@ def measure(case: str, metric: str, clients: int, seconds: float, batch: int, wo
         _open(db)  # create the schema before the clients race to
         return _measure_processes(db, metric, clients, seconds, batch)
     if case == "http":
-        port = _free_port()
-        server = mp.get_context("spawn").Process(target=_server_process, args=(db, port))
-        server.start()
-        try:
-            url = f"http://127.0.0.1:{port}"
-            _wait_healthy(url)
+        with store_server_process(db) as url:
             return _measure_processes(url, metric, clients, seconds, batch)
-        finally:
-            server.terminate()
-            server.join(timeout=30)
     raise SystemExit(f"unknown case {case!r} (choose from memory, sqlite, http)")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", action="store_true", help="print one JSON object, nothing else")
+    parser = arguments(__doc__, cases="memory,sqlite,http", repeat=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="measuring time per case and metric")
     parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
     parser.add_argument("--span-batch", type=int, default=100, help="spans per add_spans call (spans metric)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; the median is reported")
-    parser.add_argument("--cases", default="memory,sqlite,http", help="comma-separated cases")
     args = parser.parse_args()
 
     results = []
@@ -202,28 +159,9 @@ def main() -> None:
                     measure(case, metric, args.clients, args.seconds, args.span_batch, Path(tmp) / f"run{i}")
                     for i in range(args.repeat)
                 ]
-                value = statistics.median(runs)
-                results.append({"case": case, "metric": metric, "value": round(value, 1)})
-                if not args.json:
-                    shown = ", ".join(f"{run:.1f}" for run in runs)
-                    print(f"{case:>8} {metric:<22} median {value:12.1f}  (runs: {shown})", file=sys.stderr)
-    report = {
-        "benchmark": "store",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "results": results,
-    }
-    if args.json:
-        sys.stdout.write(orjson.dumps(report).decode() + "\n")
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"store: {args.clients} clients, median of {args.repeat} runs of {args.seconds:g} s")
-    for column in ("case", "metric", "value"):
-        table.add_column(column, justify="right" if column == "value" else "left")
-    for row in results:
-        table.add_row(row["case"], row["metric"], f"{row['value']:,.1f}")
-    Console().print(table)
+                results.append(median_row(case, metric, runs, show_runs=not args.json))
+    title = f"{args.clients} clients, median of {args.repeat} runs of {args.seconds:g} s"
+    emit("store", results, as_json=args.json, title=title)
 
 
 if __name__ == "__main__":

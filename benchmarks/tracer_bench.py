@@ -33,15 +33,9 @@ Usage: python benchmarks/tracer_bench.py [--json] [--calls 1000] [--repeat 5] [-
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextvars
-import multiprocessing as mp
-import os
-import platform
-import socket
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -51,6 +45,8 @@ from typing import Any
 import orjson
 
 from alight.agent import rollout
+from bench_report import arguments, emit, median_row
+from store_process import store_server_process
 
 CANNED_COMPLETION = {
     "id": "chatcmpl-bench",
@@ -154,32 +150,6 @@ async def _overheads(kind: str, calls: int, repeat: int) -> dict[str, list[float
 # -- runner throughput --------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _server_process(db: str, port: int) -> None:
-    from alight.store.server import serve
-    from alight.store.sqlite import SqliteStore
-
-    serve(SqliteStore(db), host="127.0.0.1", port=port)
-
-
-def _wait_healthy(url: str, timeout: float = 60.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise RuntimeError(f"store server at {url} did not come up")
-
-
 async def _run_batch(url: str, n: int) -> float:
     from alight.store.client import StoreClient
     from alight.types import Rollout, RolloutStatus, Task
@@ -197,42 +167,26 @@ async def _run_batch(url: str, n: int) -> float:
 def _throughputs(workers: int, rollouts: int, repeat: int, workdir: Path) -> list[float]:
     from alight.runner import RunnerPool
 
-    port = _free_port()
-    server = mp.get_context("spawn").Process(target=_server_process, args=(str(workdir / f"w{workers}.db"), port))
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url)
+    with store_server_process(str(workdir / f"w{workers}.db")) as url:
         agent = f"{Path(__file__).resolve()}:noop_agent"
         with RunnerPool(agent, url, n_runners=workers, max_poll_interval_s=0.05, instrument=False):
             asyncio.run(_run_batch(url, 20))  # warm up: connections open, SQLite pages cached
             return [asyncio.run(_run_batch(url, rollouts)) for _ in range(repeat)]
-    finally:
-        server.terminate()
-        server.join(timeout=30)
 
 
 # -- report -------------------------------------------------------------------------------------
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", action="store_true", help="print one JSON object, nothing else")
+    parser = arguments(__doc__, cases="light,otel,workers_1,workers_4,workers_8", repeat=5)
     parser.add_argument("--calls", type=int, default=1000, help="LLM calls per timed block")
-    parser.add_argument("--repeat", type=int, default=5, help="blocks (overhead) or batches (throughput); median")
     parser.add_argument("--rollouts", type=int, default=300, help="rollouts per throughput batch")
-    parser.add_argument("--cases", default="light,otel,workers_1,workers_4,workers_8", help="comma-separated cases")
     args = parser.parse_args()
 
     results: list[dict[str, Any]] = []
 
-    def add(case: str, metric: str, runs: list[float], digits: int = 1) -> float:
-        value = statistics.median(runs)
-        results.append({"case": case, "metric": metric, "value": round(value, digits)})
-        if not args.json:
-            shown = ", ".join(f"{run:.{digits}f}" for run in runs)
-            print(f"{case:>20} {metric:<15} median {value:10.{digits}f}  (runs: {shown})", file=sys.stderr)
-        return value
+    def add(case: str, metric: str, runs: list[float], digits: int = 1) -> None:
+        results.append(median_row(case, metric, runs, digits=digits, show_runs=not args.json))
 
     cases = args.cases.split(",")
     untraced: list[float] = []
@@ -255,24 +209,8 @@ def main() -> None:
             elif case not in ("light", "otel"):
                 raise SystemExit(f"unknown case {case!r} (choose from light, otel, workers_N)")
 
-    report = {
-        "benchmark": "tracer",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "results": results,
-    }
-    if args.json:
-        sys.stdout.write(orjson.dumps(report).decode() + "\n")
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"tracer: overhead per LLM call ({args.calls} calls x {args.repeat}), runner throughput")
-    for column in ("case", "metric", "value"):
-        table.add_column(column, justify="right" if column == "value" else "left")
-    for row in results:
-        shown = f"{row['value']:.3f}" if row["metric"].endswith("ratio") else f"{row['value']:,.1f}"
-        table.add_row(row["case"], row["metric"], shown)
-    Console().print(table)
+    title = f"overhead per LLM call ({args.calls} calls x {args.repeat}), runner throughput"
+    emit("tracer", results, as_json=args.json, title=title)
 
 
 if __name__ == "__main__":

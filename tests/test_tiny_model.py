@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from alight.errors import ConfigError
 from alight.models import TINY_SPECIAL_TOKENS, build_tiny_model
+from tests.fixtures.tools import ADD_TOOLS
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -23,16 +24,7 @@ transformers = pytest.importorskip("transformers")
 
 ALPHABET = [chr(c) for c in range(0x20, 0x7F)] + ["\n", "\t"]
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
-        },
-    }
-]
+TOOLS = ADD_TOOLS
 
 CONVERSATION: list[dict[str, Any]] = [
     {"role": "system", "content": "Use the tools."},

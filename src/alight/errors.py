@@ -65,6 +65,12 @@ class StoreUnavailableError(StoreError):
     code = "store_unavailable"
 
 
+class ContextLengthError(InvalidRequestError):
+    """A prompt (plus the requested answer) does not fit the model's context."""
+
+    code = "context_length_exceeded"
+
+
 class EngineUnavailableError(AlightError):
     """The inference backend could not answer: a remote endpoint is down, timed out or failed."""
 
@@ -80,6 +86,7 @@ ERRORS_BY_CODE: dict[str, type[AlightError]] = {
         ConfigError,
         StoreError,
         InvalidRequestError,
+        ContextLengthError,
         NotFoundError,
         InvalidTransitionError,
         PayloadTooLargeError,

@@ -20,6 +20,7 @@ RESOURCES_VERSION = "alight.resources_version"  # resource set / weights version
 
 # -- LLM calls (kind=llm, name "llm.chat" or "llm.completion") --
 LLM_SOURCE = "llm.source"  # "proxy" (alight's proxy wrote it, with token ids) or "client" (instrumentation)
+LLM_API = "llm.api"  # the OpenAI API the client called: "chat", "completions" or "responses"
 LLM_REQUEST_MESSAGES = "llm.request.messages"  # list of OpenAI chat messages
 LLM_REQUEST_PROMPT = "llm.request.prompt"  # completions API: the prompt text
 LLM_REQUEST_TOOLS = "llm.request.tools"  # list of OpenAI tool definitions, or absent

@@ -1,24 +1,12 @@
-"""Fixtures for the engine tests: the real tiny model, built once per session in a temp dir."""
+"""Fixtures for the engine tests: an embedded engine on the real tiny model (`tiny_dir`: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["TRANSFORMERS_OFFLINE"] = "1"
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("transformers")
-    from alight.engines.embedded import tiny_model_dir
-
-    return tiny_model_dir(tmp_path_factory.mktemp("engines") / "tiny")
 
 
 @pytest.fixture(scope="module")

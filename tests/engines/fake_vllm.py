@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.engines.openai_server import Script, ScriptedOpenAIServer
+from tests.fixtures.openai_server import Reply, ScriptedOpenAIServer
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     model = Path(args.model)
     if (model / "crash").exists():
         sys.exit(3)
-    server = ScriptedOpenAIServer(Script(), port=args.port)
+    server = ScriptedOpenAIServer(Reply(), model=None, port=args.port)
 
     def read_weights() -> bool:
         if (model / "no_reload").exists():  # act as a vLLM that cannot reload in place

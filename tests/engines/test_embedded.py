@@ -11,21 +11,13 @@ import pytest
 from alight.engines.base import ChatRequest, CompletionRequest, Generation, SamplingParams, TextDelta
 from alight.engines.embedded import EmbeddedEngine
 from alight.errors import InvalidRequestError
+from tests.fixtures.tools import ADD_TOOLS
 
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.anyio
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
-        },
-    }
-]
+TOOLS = ADD_TOOLS
 
 
 def chat(content: str = "Hello there", **sampling: Any) -> ChatRequest:

@@ -15,7 +15,7 @@ from alight.engines.base import ChatRequest, CompletionRequest, SamplingParams
 from alight.engines.vllm_engine import VLLMEngine, chat_body, completion_body, generation_from_vllm
 from alight.engines.vllm_server import serve_command, vllm_executable
 from alight.errors import ConfigError, InvalidRequestError
-from tests.engines.openai_server import Script, ScriptedOpenAIServer
+from tests.fixtures.openai_server import Reply, ScriptedOpenAIServer
 
 pytestmark = pytest.mark.anyio
 
@@ -110,18 +110,18 @@ def test_missing_vllm_is_a_one_line_config_error_naming_the_extra() -> None:
 
 
 async def test_a_running_server_by_url() -> None:
-    with ScriptedOpenAIServer(Script(content="<tool_call>{bad</tool_call>")) as server:
-        engine = VLLMEngine(base_url=server.base_url, served_name="policy")
+    with ScriptedOpenAIServer(Reply(content="<tool_call>{bad</tool_call>"), model=None) as server:
+        engine = VLLMEngine(base_url=server.url, served_name="policy")
         await engine.start()
         generation = await engine.chat(ChatRequest(model="policy", messages=MESSAGES, tools=TOOLS))
         assert generation.message["content"] == "<tool_call>{bad</tool_call>"  # malformed: stays content
         assert (generation.prompt_token_ids, generation.response_token_ids) == ([1, 2, 3, 4], [10, 11, 12])
-        assert server.requests[-1]["return_token_ids"] is True
+        assert server.requests[-1].body["return_token_ids"] is True
         completion = await engine.complete(CompletionRequest(model="policy", prompt="Once"))
         assert completion.response_logprobs == [-10.5, -11.5, -12.5]
         with pytest.raises(InvalidRequestError, match="unknown model"):
             await engine.chat(ChatRequest(model="nope", messages=MESSAGES))
-        server.script = Script(status=400, error_message="This model's maximum context length is 1024 tokens.")
+        server.script = Reply(status=400, error_message="This model's maximum context length is 1024 tokens.")
         with pytest.raises(InvalidRequestError, match="maximum context length"):
             await engine.chat(ChatRequest(model="policy", messages=MESSAGES))
         with pytest.raises(ConfigError, match="start the vLLM server itself"):

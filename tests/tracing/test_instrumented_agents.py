@@ -18,7 +18,7 @@ from alight.store.server import StoreServer
 from alight.tracing import Tracer, emit_reward
 from alight.types import Span, SpanKind, SpanStatus
 from tests.fixtures import sample_agents
-from tests.fixtures.openai_server import ScriptedOpenAIServer
+from tests.fixtures.openai_server import ScriptedOpenAIServer, with_crashes
 from tests.tracing.conftest import new_claim
 
 
@@ -223,13 +223,7 @@ async def failing_llm_agent(llm: LLM) -> None:
 
 @pytest.mark.anyio
 async def test_failed_and_abandoned_llm_calls_are_recorded(tracer: Tracer, store: StoreClient) -> None:
-    answers = iter([None, sample_agents.answer("a long answer")])
-
-    def script(request: dict[str, Any]) -> dict[str, Any]:
-        message = next(answers)
-        if message is None:
-            raise RuntimeError("model crashed")
-        return message
+    script = with_crashes(None, sample_agents.answer("a long answer"))
 
     with ScriptedOpenAIServer(script) as server:
         _, spans = await run_traced(tracer, store, failing_llm_agent, server=server)

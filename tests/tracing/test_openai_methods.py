@@ -16,9 +16,8 @@ from alight import semconv
 from alight.store import MemoryStore
 from alight.tracing import AttemptContext, Tracer, agent_scope
 from alight.types import Span, SpanKind, SpanStatus
-from tests.fixtures.openai_server import answer
+from tests.fixtures.openai_server import ScriptedOpenAIServer, answer, with_crashes
 from tests.tracing.conftest import new_claim
-from tests.tracing.openai_routes import AllRoutesServer
 
 ANSWER = '{"value": 3}'
 MESSAGES = [{"role": "user", "content": "What is 1 + 2?"}]
@@ -39,7 +38,7 @@ async def attempt(tracer: Tracer, store: MemoryStore, agent_name: str = "agent")
         yield ctx
 
 
-def proxy_url(server: AllRoutesServer, ctx: AttemptContext) -> str:
+def proxy_url(server: ScriptedOpenAIServer, ctx: AttemptContext) -> str:
     return server.proxy_url(ctx.rollout_id, ctx.attempt_id)
 
 
@@ -93,8 +92,8 @@ async def async_calls(
 
 async def run_calls(
     tracer: Tracer, store: MemoryStore, *, use_async: bool, proxy: bool
-) -> tuple[AllRoutesServer, list[Span]]:
-    with AllRoutesServer(always) as server:
+) -> tuple[ScriptedOpenAIServer, list[Span]]:
+    with ScriptedOpenAIServer(always) as server:
         async with attempt(tracer, store) as ctx:
             base_url = proxy_url(server, ctx) if proxy else server.url
             planner = lambda: agent_scope("planner")  # noqa: E731
@@ -161,7 +160,7 @@ async def test_every_method_to_another_endpoint_is_one_client_span(tracer: Trace
 @pytest.mark.anyio
 async def test_streams_dropped_early_end_their_spans(tracer: Tracer) -> None:
     store = MemoryStore()
-    with AllRoutesServer(always) as server:
+    with ScriptedOpenAIServer(always) as server:
         async with attempt(tracer, store) as ctx:
             with openai.OpenAI(base_url=server.url, api_key="x") as client:
                 with client.chat.completions.stream(model="m", messages=MESSAGES) as stream:  # type: ignore[arg-type]
@@ -182,15 +181,9 @@ async def test_streams_dropped_early_end_their_spans(tracer: Tracer) -> None:
 
 @pytest.mark.anyio
 async def test_a_retried_call_keeps_its_sequence_number(tracer: Tracer) -> None:
-    answers = iter([None, answer("ok"), answer("ok")])
+    script = with_crashes(None, answer("ok"), answer("ok"))
 
-    def script(request: dict[str, Any]) -> dict[str, Any]:
-        message = next(answers)
-        if message is None:
-            raise RuntimeError("model crashed")
-        return message
-
-    with AllRoutesServer(script) as server:
+    with ScriptedOpenAIServer(script) as server:
         async with attempt(tracer, MemoryStore()) as ctx:
             with openai.OpenAI(base_url=proxy_url(server, ctx), api_key="x", max_retries=1) as client:
                 client.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
@@ -202,7 +195,7 @@ async def test_a_retried_call_keeps_its_sequence_number(tracer: Tracer) -> None:
 @pytest.mark.anyio
 async def test_ids_in_headers_make_a_proxy_call_and_a_given_sequence_is_kept(tracer: Tracer) -> None:
     store = MemoryStore()
-    with AllRoutesServer(always) as server:
+    with ScriptedOpenAIServer(always) as server:
         async with attempt(tracer, store) as ctx:
             ids = {semconv.HEADER_ROLLOUT_ID: ctx.rollout_id, semconv.HEADER_ATTEMPT_ID: ctx.attempt_id}
             with openai.OpenAI(base_url=server.url, api_key="x", default_headers=ids) as client:
@@ -245,7 +238,7 @@ async def structured_graph(base_url: str) -> Sum:
 @pytest.mark.parametrize("proxy", [True, False], ids=["proxy", "other"])
 async def test_langchain_structured_output_in_a_langgraph_node(tracer: Tracer, proxy: bool) -> None:
     store = MemoryStore()
-    with AllRoutesServer(always) as server:
+    with ScriptedOpenAIServer(always) as server:
         async with attempt(tracer, store, "graph_agent") as ctx:
             assert await structured_graph(proxy_url(server, ctx) if proxy else server.url) == Sum(value=3)
         spans = await store.query_spans(ctx.rollout_id, ctx.attempt_id)

@@ -36,8 +36,9 @@ def _root(
     ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
 ) -> None:
+    # Commands show progress themselves; logs are for problems (and everything with --verbose).
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 
@@ -75,6 +76,133 @@ def store(
         max_body_bytes=int(max_body_mb * 2**20),
         watchdog_interval_s=watchdog_interval,
         on_ready=ready,
+    )
+
+
+@app.command()
+def serve(
+    model: Annotated[
+        str,
+        typer.Option(
+            help="'tiny' (built offline), a model directory, a directory of training checkpoints (the newest is"
+            " served), or for --engine litellm a LiteLLM model name such as openai/NAME."
+        ),
+    ] = "tiny",
+    engine: Annotated[str, typer.Option(help="Inference engine: embedded, vllm or litellm.")] = "embedded",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port to listen on.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 exposes the API to other machines.")] = (
+        "127.0.0.1"
+    ),
+    store: Annotated[
+        str | None, typer.Option(help="Store server URL: record calls made for rollout attempts as LLM spans.")
+    ] = None,
+    served_name: Annotated[str | None, typer.Option(help="Model name clients ask for (default: from --model).")] = None,
+    base_url: Annotated[
+        str | None, typer.Option(help="Upstream OpenAI-compatible URL (litellm), or a running vLLM server.")
+    ] = None,
+    api_key_env: Annotated[
+        str | None, typer.Option(help="Environment variable holding the upstream's API key (litellm).")
+    ] = None,
+    device: Annotated[str, typer.Option(help="Torch device of the embedded engine: cpu, cuda, cuda:1...")] = "cpu",
+    admin: Annotated[
+        bool, typer.Option(help="Add POST /admin/weights {checkpoint, version}, for trainers in other processes.")
+    ] = False,
+) -> None:
+    """Serve a model or a training checkpoint on an OpenAI-compatible API (/v1/chat/completions...)."""
+    from alight.proxy.standalone import serve_model
+
+    def ready(url: str) -> None:
+        typer.echo(f"alight serve: {engine} engine on {url}/v1 (model {model}); Ctrl-C stops it", err=True)
+
+    serve_model(
+        model,
+        engine=engine,
+        host=host,
+        port=port,
+        store_url=store,
+        served_name=served_name,
+        base_url=base_url,
+        api_key_env=api_key_env,
+        device=device,
+        admin=admin,
+        on_ready=ready,
+    )
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def dev(
+    config: Annotated[Path, typer.Argument(help="Experiment YAML (configs/*.yaml).")],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Hydra overrides such as runner.n_runners=2.", show_default=False)
+    ] = None,
+    n: Annotated[int | None, typer.Option("--n", min=1, help="Tasks to run (default: the config's dev.n).")] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="Any OpenAI-compatible base URL to use instead of the config's engine.")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Model name at --endpoint (a LiteLLM model string works too).")] = (
+        None
+    ),
+    run_dir: Annotated[
+        Path | None, typer.Option(help="Where the run's store is kept (default: OUTPUT_DIR/NAME-dev-TIME).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+) -> None:
+    """Dry-run the configured agent on a few tasks (no training) and show what each rollout did."""
+    from alight.cli.dev_view import run_dev_command
+
+    run_dev_command(config, overrides or [], n=n, endpoint=endpoint, model=model, run_dir=run_dir, as_json=as_json)
+
+
+@app.command()
+def trace(
+    target: Annotated[str, typer.Argument(help="A run directory, a store .db file, or a store server URL.")],
+    rollout: Annotated[str | None, typer.Option("--rollout", help="Show this rollout's spans as a tree.")] = None,
+    all_attempts: Annotated[bool, typer.Option("--all-attempts", help="Include the spans of earlier attempts.")] = (
+        False
+    ),
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables and trees.")] = False,
+    otlp: Annotated[Path | None, typer.Option(help="Also write the spans to this file as OTLP/JSON.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Most rollouts to list.")] = 50,
+) -> None:
+    """Show the rollouts of a run, one rollout's spans (agent, LLM calls, tool calls, rewards), or export them."""
+    from rich.console import Console
+
+    from alight.cli.trace_view import run_trace
+
+    run_trace(
+        target,
+        rollout_id=rollout,
+        as_json=as_json,
+        otlp_path=otlp,
+        all_attempts=all_attempts,
+        limit=limit,
+        console=Console(),
+    )
+
+
+@app.command()
+def runner(
+    store: Annotated[str, typer.Option(help="The store server's URL, e.g. http://127.0.0.1:4747.")],
+    agent: Annotated[str, typer.Option(help="Agent entrypoint: 'module:name' or 'path/to/file.py:name'.")],
+    n_runners: Annotated[int, typer.Option("--n-runners", "-n", min=1, help="Worker processes.")] = 4,
+    tracer: Annotated[str, typer.Option(help="light or otel.")] = "light",
+    drain_timeout: Annotated[
+        float, typer.Option(min=0.0, help="Seconds workers get to finish their attempts on Ctrl-C.")
+    ] = 30.0,
+) -> None:
+    """Run agents on the rollouts of a store server (on this or another machine) until Ctrl-C."""
+    from alight.runner.service import run_pool_until_interrupted
+
+    def ready(pool: object) -> None:
+        typer.echo(f"alight runner: {n_runners} workers on {store}; Ctrl-C drains and stops", err=True)
+
+    stats = run_pool_until_interrupted(
+        agent, store, n_runners=n_runners, tracer=tracer, drain_timeout_s=drain_timeout, on_ready=ready
+    )
+    typer.echo(
+        f"alight runner: stopped; attempts succeeded {stats.attempts_succeeded}, failed {stats.attempts_failed}, "
+        f"timed out {stats.attempts_timed_out}; workers restarted {stats.workers_restarted}",
+        err=True,
     )
 
 

@@ -33,7 +33,7 @@ from alight.engines.chat_template import render_prompt
 from alight.engines.sampling import Sequence, SequenceOutput, generate
 from alight.engines.toolcalls import PlainTextStream, ToolCallStreamFilter, assistant_message, validate_tools
 from alight.engines.weights import load_weights_into
-from alight.errors import ConfigError, InvalidRequestError
+from alight.errors import ConfigError, ContextLengthError, InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ class EmbeddedEngine(Engine):
 
         limit = self.max_context or 0
         if len(prompt_ids) >= limit:
-            raise InvalidRequestError(f"the prompt is {len(prompt_ids)} tokens; the model's context is {limit}")
+            raise ContextLengthError(f"the prompt is {len(prompt_ids)} tokens; the model's context is {limit}")
         if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
             raise InvalidRequestError("temperature must be >= 0 and top_p in (0, 1]")
         if sampling.max_tokens is not None and sampling.max_tokens < 1:

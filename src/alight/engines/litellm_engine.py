@@ -17,9 +17,9 @@ from typing import Any
 
 from alight.engines.base import ChatRequest, CompletionRequest, Engine, Generation, SamplingParams
 from alight.engines.chat_template import render_prompt, render_reply, template_messages
-from alight.engines.openai_response import generation_from_response
+from alight.engines.openai_response import generation_from_response, optional_sampling
 from alight.engines.toolcalls import validate_tools
-from alight.errors import AlightError, ConfigError, EngineUnavailableError, InvalidRequestError
+from alight.errors import AlightError, ConfigError, ContextLengthError, EngineUnavailableError, InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ def translate_litellm_error(err: Exception) -> AlightError:
     message = _one_line(err)
     if isinstance(err, litellm.AuthenticationError | litellm.PermissionDeniedError):
         return ConfigError(f"litellm engine: the endpoint refused the credentials: {message}")
+    if isinstance(err, litellm.ContextWindowExceededError):
+        return ContextLengthError(message)
     if isinstance(err, litellm.BadRequestError | litellm.NotFoundError | litellm.UnprocessableEntityError):
         return InvalidRequestError(message)
     return EngineUnavailableError(f"litellm engine: {message}")
@@ -139,12 +141,7 @@ class LiteLLMEngine(Engine):
             "timeout": self._timeout_s,
             "drop_params": True,  # providers that lack a parameter (seed, logprobs...) get the call without it
         }
-        if sampling.max_tokens is not None:
-            kwargs["max_tokens"] = sampling.max_tokens
-        if sampling.stop:
-            kwargs["stop"] = list(sampling.stop)
-        if sampling.seed is not None:
-            kwargs["seed"] = sampling.seed
+        kwargs.update(optional_sampling(sampling))
         if self._base_url:
             kwargs["api_base"] = self._base_url
         key = self._api_key()

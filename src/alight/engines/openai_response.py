@@ -1,4 +1,5 @@
-"""OpenAI-format responses (from vLLM, SGLang, LiteLLM...) turned into `Generation`s.
+"""OpenAI-format responses (from vLLM, SGLang, LiteLLM...) turned into `Generation`s, and the
+optional sampling fields of the requests that ask for them.
 
 vLLM adds token ids when asked (`return_token_ids: true`): chat responses carry
 `prompt_token_ids` at the top level and `token_ids` on each choice; completion choices carry both.
@@ -9,7 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from alight.engines.base import Generation, TokenIdsSource
+from alight.engines.base import Generation, SamplingParams, TokenIdsSource
+
+
+def optional_sampling(sampling: SamplingParams) -> dict[str, Any]:
+    """The request fields of the sampling parameters that are set: max_tokens, stop, seed."""
+    fields: dict[str, Any] = {}
+    if sampling.max_tokens is not None:
+        fields["max_tokens"] = sampling.max_tokens
+    if sampling.stop:
+        fields["stop"] = list(sampling.stop)
+    if sampling.seed is not None:
+        fields["seed"] = sampling.seed
+    return fields
 
 
 def _ids(value: Any) -> list[int] | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from alight.engines.base import ChatRequest, CompletionRequest, Engine, Generation
-from alight.engines.openai_response import generation_from_response
+from alight.engines.openai_response import generation_from_response, optional_sampling
 from alight.engines.toolcalls import assistant_message, validate_tools
 from alight.engines.vllm_server import (
     VLLMProcess,
@@ -54,12 +54,7 @@ def chat_body(request: ChatRequest, served_name: str) -> dict[str, Any]:
     if tools:
         body["tools"] = tools
         body["tool_choice"] = "none"  # tools go into the template; alight parses the calls itself
-    if sampling.max_tokens is not None:
-        body["max_tokens"] = sampling.max_tokens
-    if sampling.stop:
-        body["stop"] = list(sampling.stop)
-    if sampling.seed is not None:
-        body["seed"] = sampling.seed
+    body.update(optional_sampling(sampling))
     if request.response_format is not None:
         body["response_format"] = request.response_format
     return {**body, **request.extra}
@@ -78,12 +73,7 @@ def completion_body(request: CompletionRequest, served_name: str) -> dict[str, A
     }
     if sampling.logprobs:
         body["logprobs"] = 1
-    if sampling.max_tokens is not None:
-        body["max_tokens"] = sampling.max_tokens
-    if sampling.stop:
-        body["stop"] = list(sampling.stop)
-    if sampling.seed is not None:
-        body["seed"] = sampling.seed
+    body.update(optional_sampling(sampling))
     return {**body, **request.extra}
 
 

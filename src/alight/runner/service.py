@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from alight.runner.pool import RunnerPool
 from alight.runner.slots import PoolStats
+from alight.serving import sigterm_interrupts
 
 if TYPE_CHECKING:
     from alight.agent import LitAgent
@@ -32,32 +31,21 @@ def run_pool_until_interrupted(
     attempts still running are recorded as failed, to be retried). Returns the pool's counts.
     `options` are `RunnerPool` keyword arguments; a bad agent raises ConfigError."""
     pool = RunnerPool(agent, store_url, n_runners=n_runners, tracer=tracer, **options)
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
-    if in_main_thread:
-        signal.signal(signal.SIGTERM, _interrupt)
-    try:
+    with sigterm_interrupts():
         try:
-            pool.start()
-            if on_ready is not None:
-                on_ready(pool)
-            while pool.running:
-                time.sleep(0.2)
-        except KeyboardInterrupt:
-            logger.info("runner pool: stopping; workers finish their attempts (Ctrl-C again to stop now)")
-        try:
-            pool.stop(drain=True)
-        except KeyboardInterrupt:
-            logger.info("runner pool: stopping now")
-            pool.stop(drain=False)
-    finally:
-        pool.stop(drain=False)  # no-op once stopped; stops it if start() raised
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
+            try:
+                pool.start()
+                if on_ready is not None:
+                    on_ready(pool)
+                while pool.running:
+                    time.sleep(0.2)
+            except KeyboardInterrupt:
+                logger.info("runner pool: stopping; workers finish their attempts (Ctrl-C again to stop now)")
+            try:
+                pool.stop(drain=True)
+            except KeyboardInterrupt:
+                logger.info("runner pool: stopping now")
+                pool.stop(drain=False)
+        finally:
+            pool.stop(drain=False)  # no-op once stopped; stops it if start() raised
     return pool.stats()
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    # Once: a second SIGTERM must not cut the drain short.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt

@@ -12,24 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
-import socket
-import threading
-import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import fastapi
-import httpx
 import orjson
-import uvicorn
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from alight.errors import AlightError, ConfigError, InvalidRequestError, PayloadTooLargeError, StoreError
+from alight.serving import BackgroundServer
 from alight.store import wire
 from alight.store.base import ALL_ATTEMPTS, Store
 from alight.store.wire import IDEMPOTENCY_HEADER, one_line, validation_message
@@ -349,25 +344,15 @@ async def _watchdog(store: Store, interval_s: float) -> None:
 # -- running it -------------------------------------------------------------------------------
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError as err:
-        sock.close()
-        raise ConfigError(f"the store server cannot listen on {host}:{port}: {err.strerror or err}") from None
-    return sock
-
-
-class StoreServer:
+class StoreServer(BackgroundServer):
     """Serves a store over HTTP from a daemon thread with its own event loop (uvloop).
 
     The store object is used only on that thread's loop, and closed there by `stop()`.
     Port 0 (the default) picks a free port; `url` gives the real one once started.
     """
+
+    what = "store server"
+    error = StoreError
 
     def __init__(
         self,
@@ -378,99 +363,12 @@ class StoreServer:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         watchdog_interval_s: float | None = 1.0,
     ) -> None:
+        app = create_app(store, max_body_bytes=max_body_bytes, watchdog_interval_s=watchdog_interval_s)
+        super().__init__(app, host=host, port=port)
         self.store = store
-        self.host = host
-        self.port = port
-        self._app = create_app(store, max_body_bytes=max_body_bytes, watchdog_interval_s=watchdog_interval_s)
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        # Set when the server thread is done (store closed). Waited on instead of Thread.join: a
-        # Ctrl-C landing inside join() can leave CPython believing a running thread has ended.
-        self._stopped = threading.Event()
-        self._failure: BaseException | None = None
 
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    def start(self, timeout_s: float = 30.0) -> StoreServer:
-        """Start serving; return once the server answers `/health`."""
-        if self._thread is not None:
-            raise StoreError("the store server is already started")
-        sock = _listen(self.host, self.port)
-        self.port = sock.getsockname()[1]
-        self._stopped.clear()
-        config = uvicorn.Config(
-            self._app,
-            loop="uvloop",
-            http="httptools",
-            access_log=False,
-            proxy_headers=False,  # the store trusts no forwarding proxy's headers
-            log_level="warning",
-            log_config=None,  # leave the application's logging setup alone
-            timeout_keep_alive=30,  # longer than the client's idle expiry (4 s): the client closes first
-            timeout_graceful_shutdown=5,
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._run, args=(self._server, sock), name=f"alight-store-{self.port}", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._answers():
-            if self._stopped.is_set():
-                self._server = self._thread = None
-                raise StoreError(f"the store server on {self.url} stopped while starting: {self._failure!r}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise StoreError(f"the store server on {self.url} did not answer within {timeout_s:.0f} s")
-            time.sleep(0.01)
-        return self
-
-    def _answers(self) -> bool:
-        if self._server is None or not self._server.started:
-            return False
-        try:
-            with httpx.Client(trust_env=False, timeout=2.0) as http:
-                return http.get(self.url + "/health").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def _run(self, server: uvicorn.Server, sock: socket.socket) -> None:
-        async def main() -> None:
-            try:
-                await server.serve(sockets=[sock])
-            finally:
-                await self.store.close()
-
-        try:
-            with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
-                runner.run(main())
-        except BaseException as err:  # uvicorn exits with SystemExit when startup fails
-            self._failure = err
-            logger.exception("the store server on %s stopped", self.url)
-        finally:
-            sock.close()
-            self._stopped.set()
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Shut down gracefully, wait for the thread, and close the store (on the server's loop)."""
-        if self._server is None or self._thread is None:
-            return
-        self._server.should_exit = True
-        if not self._stopped.wait(timeout_s):
-            self._server.force_exit = True
-            self._stopped.wait(timeout_s)
-        self._thread.join(1.0)
-        self._server = None
-        self._thread = None
-
-    def __enter__(self) -> StoreServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    async def after_serving(self) -> None:
+        await self.store.close()
 
 
 def serve(
@@ -488,30 +386,8 @@ def serve(
     server = StoreServer(
         store, host=host, port=port, max_body_bytes=max_body_bytes, watchdog_interval_s=watchdog_interval_s
     )
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if in_main_thread else None
-    if in_main_thread:
-        signal.signal(signal.SIGTERM, _interrupt)
     try:
-        try:
-            server.start()
-        except ConfigError:  # never served (the port is taken): the store is still ours to close
-            asyncio.run(store.close())
-            raise
-        logger.debug("alight store serving on %s", server.url)
-        if on_ready is not None:
-            on_ready(server.url)
-        while not server._stopped.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        logger.info("alight store on %s: stopping", server.url)
-    finally:
-        server.stop()
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    # Once: a second SIGTERM (a supervisor insisting) must not cut the graceful shutdown short.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt
+        server.serve_until_interrupted(on_ready)
+    except ConfigError:  # never served (the port is taken): the store is still ours to close
+        asyncio.run(store.close())
+        raise

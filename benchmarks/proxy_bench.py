@@ -1,0 +1,228 @@
+"""LLM proxy overhead and embedded-engine batching.
+
+Cases:
+  proxy     Latency the proxy adds to one chat call. Both sides serve the SAME kind of engine (the
+            embedded tiny model, max_tokens=1, greedy, no batching wait) from the same kind of
+            server (uvicorn + httptools in a thread of this process) to the same client (one
+            keep-alive httpx connection, sequential calls):
+              bare   a minimal OpenAI-compatible route: parse JSON, call engine.chat, answer JSON;
+              proxy  alight's proxy on /rollout/{rid}/attempt/{aid}/v1: pydantic validation, the
+                     weight gate, the OpenAI response, and one LLM span (token ids, log-probs)
+                     written to an in-process MemoryStore after the answer.
+            That is what "calling the engine directly" means here: the transport is the same,
+            so the difference is what the proxy itself does. Calls alternate between the two
+            (drift on a shared machine hits both); added_p50_ms / added_p99_ms are the
+            differences of the percentiles. An in-process `await engine.chat` is reported too
+            (inprocess_p50_ms), to show what any HTTP hop costs on top.
+  embedded  Embedded engine throughput (in process, tiny model, 32 new tokens per request at
+            temperature 1): sequential requests vs 8 concurrent ones, which the engine batches.
+            Metrics tokens_per_s_1, tokens_per_s_8 and batching_gain (their ratio).
+
+Each case runs --repeat times; every value is the median over the runs, since timings on a shared
+2-core machine vary a lot from run to run.
+
+Usage: python benchmarks/proxy_bench.py [--json] [--calls 300] [--seconds 10] [--repeat 3] [--cases proxy,embedded]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench_report import arguments, emit, median_row
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+@contextlib.contextmanager
+def _bare_server(engine: Any) -> Iterator[str]:
+    """The baseline: the engine behind one bare OpenAI-compatible route, no spans, no validation."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from alight.engines.base import ChatRequest, SamplingParams
+    from alight.serving import BackgroundServer
+
+    async def chat(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        sampling = SamplingParams(temperature=body.get("temperature", 1.0), max_tokens=body.get("max_tokens"))
+        generation = await engine.chat(ChatRequest(model=body["model"], messages=body["messages"], sampling=sampling))
+        answer = {
+            "id": "chatcmpl-bare",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": generation.model,
+            "choices": [{"index": 0, "message": generation.message, "finish_reason": generation.finish_reason}],
+            "usage": {"prompt_tokens": generation.prompt_tokens, "completion_tokens": generation.completion_tokens},
+        }
+        return Response(orjson.dumps(answer), media_type="application/json")
+
+    async def health(request: Request) -> Response:
+        return Response(b"{}", media_type="application/json")
+
+    class BareServer(BackgroundServer):  # served exactly as ProxyServer is: uvloop, httptools, a thread
+        what = "bare server"
+
+        async def before_serving(self) -> None:
+            await engine.start()
+
+        async def after_serving(self) -> None:
+            await engine.close()
+
+    routes = [Route("/v1/chat/completions", chat, methods=["POST"]), Route("/health", health)]
+    with BareServer(Starlette(routes=routes), host="127.0.0.1", port=0) as server:
+        yield f"{server.url}/v1"
+
+
+def _engine(tiny: Path, **options: Any) -> Any:
+    from alight.engines.embedded import EmbeddedEngine
+
+    return EmbeddedEngine("tiny", cache_dir=tiny, **options)
+
+
+def measure_proxy(tiny: Path, calls: int) -> list[dict[str, Any]]:
+    import httpx
+
+    from alight.proxy import Proxy, ProxyServer
+    from alight.store import MemoryStore
+    from alight.types import Rollout, Task
+
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "What is 2+2?"}], "max_tokens": 1}
+    body["temperature"] = 0
+    store = MemoryStore()
+    with (
+        ProxyServer(Proxy(_engine(tiny, batch_wait_ms=0), store)) as proxy,
+        _bare_server(_engine(tiny, batch_wait_ms=0)) as bare_url,
+        httpx.Client(trust_env=False, timeout=60) as http,
+    ):
+
+        async def claim() -> tuple[str, str]:
+            await store.enqueue([Rollout(rollout_id="ro-bench", task=Task(input=0))])
+            got = await store.dequeue("bench")
+            assert got is not None
+            return got.rollout.rollout_id, got.attempt.attempt_id
+
+        rid, aid = proxy.run(claim())
+        urls = {"bare": bare_url + "/chat/completions", "proxy": proxy.base_url(rid, aid) + "/chat/completions"}
+        times: dict[str, list[float]] = {"bare": [], "proxy": []}
+        for i in range(calls + 20):  # the first 20 warm up both sides
+            for side in ("bare", "proxy") if i % 2 else ("proxy", "bare"):
+                started = time.perf_counter()
+                response = http.post(
+                    urls[side], content=orjson.dumps(body), headers={"content-type": "application/json"}
+                )
+                elapsed = time.perf_counter() - started
+                assert response.status_code == 200, response.text
+                if i >= 20:
+                    times[side].append(1000 * elapsed)
+        proxy.flush()
+        recorded = len(proxy.run(store.query_spans(rid)))
+        assert recorded == calls + 20, f"{recorded} spans for {calls + 20} calls"
+
+    async def inprocess() -> list[float]:
+        from alight.engines.base import ChatRequest, SamplingParams
+
+        engine = _engine(tiny, batch_wait_ms=0)
+        await engine.start()
+        request = ChatRequest(model="tiny", messages=body["messages"], sampling=SamplingParams(0.0, max_tokens=1))
+        out = []
+        for i in range(calls + 20):
+            started = time.perf_counter()
+            await engine.chat(request)
+            if i >= 20:
+                out.append(1000 * (time.perf_counter() - started))
+        await engine.close()
+        return out
+
+    direct = asyncio.run(inprocess())
+    p50 = {side: statistics.median(values) for side, values in times.items()}
+    p99 = {side: _percentile(values, 0.99) for side, values in times.items()}
+    return [
+        {"case": "proxy", "metric": "added_p50_ms", "value": round(p50["proxy"] - p50["bare"], 3)},
+        {"case": "proxy", "metric": "added_p99_ms", "value": round(p99["proxy"] - p99["bare"], 3)},
+        {"case": "proxy", "metric": "proxy_p50_ms", "value": round(p50["proxy"], 3)},
+        {"case": "proxy", "metric": "bare_p50_ms", "value": round(p50["bare"], 3)},
+        {"case": "proxy", "metric": "inprocess_p50_ms", "value": round(statistics.median(direct), 3)},
+    ]
+
+
+def measure_embedded(tiny: Path, seconds: float) -> list[dict[str, Any]]:
+    from alight.engines.base import ChatRequest, SamplingParams
+
+    async def run(concurrency: int) -> float:
+        engine = _engine(tiny, max_batch_size=8, batch_wait_ms=2.0)
+        await engine.start()
+        tokens = 0
+
+        async def worker(index: int, until: float) -> None:
+            nonlocal tokens
+            n = 0
+            while time.monotonic() < until:
+                sampling = SamplingParams(temperature=1.0, max_tokens=32, seed=index * 100_000 + n)
+                messages = [{"role": "user", "content": f"Tell me a story number {n}."}]
+                generation = await engine.chat(ChatRequest(model="tiny", messages=messages, sampling=sampling))
+                tokens += generation.completion_tokens  # not `tokens += await ...`: that loses updates
+                n += 1
+
+        await worker(-1, time.monotonic() + 1.0)  # warm up
+        tokens = 0
+        started = time.monotonic()
+        await asyncio.gather(*(worker(i, started + seconds) for i in range(concurrency)))
+        rate = tokens / (time.monotonic() - started)
+        await engine.close()
+        return rate
+
+    one, eight = asyncio.run(run(1)), asyncio.run(run(8))
+    return [
+        {"case": "embedded", "metric": "tokens_per_s_1", "value": round(one, 1)},
+        {"case": "embedded", "metric": "tokens_per_s_8", "value": round(eight, 1)},
+        {"case": "embedded", "metric": "batching_gain", "value": round(eight / one, 2)},
+    ]
+
+
+def main() -> None:
+    parser = arguments(__doc__, cases="proxy,embedded", repeat=3)
+    parser.add_argument("--calls", type=int, default=300, help="calls per side (proxy case)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measuring time per concurrency (embedded case)")
+    args = parser.parse_args()
+
+    import logging
+
+    logging.disable(logging.WARNING)  # model-loading chatter would spoil --json
+    from alight.engines.embedded import tiny_model_dir
+
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="alight-proxy-bench-") as tmp:
+        tiny = tiny_model_dir(Path(tmp) / "tiny")
+        for case in args.cases.split(","):
+            if case not in ("proxy", "embedded"):
+                raise SystemExit(f"unknown case {case!r} (choose from proxy, embedded)")
+            runs = [
+                measure_proxy(tiny, args.calls) if case == "proxy" else measure_embedded(tiny, args.seconds)
+                for _ in range(args.repeat)
+            ]
+            for rows in zip(*runs, strict=True):
+                values = [row["value"] for row in rows]
+                results.append(median_row(case, rows[0]["metric"], values, digits=3, show_runs=not args.json))
+    title = f"{args.calls} calls per side; embedded: {args.seconds:g} s per concurrency; median of {args.repeat}"
+    emit("proxy", results, as_json=args.json, title=title, digits=3)
+
+
+if __name__ == "__main__":
+    main()

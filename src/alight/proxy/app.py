@@ -1,0 +1,274 @@
+"""The proxy's HTTP app: OpenAI routes at `/v1/...` and `/rollout/{rollout_id}/attempt/{attempt_id}/v1/...`.
+
+Every failure answers in OpenAI's error format (`{"error": {"message", "type", "param", "code"}}`):
+400 for an invalid request, 404 for an unknown model or route, 500 when the engine fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import fastapi
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from alight.engines.base import ChatRequest, CompletionRequest, Generation
+from alight.errors import AlightError, PayloadTooLargeError
+from alight.proxy import responses
+from alight.proxy.protocol import ChatBody, CompletionBody, ProxyError, parse_json, validation_error
+from alight.proxy.proxy import Proxy, engine_error
+from alight.proxy.recorder import CallContext, llm_span
+from alight.proxy.responses_api import (
+    ResponsesBody,
+    ResponsesStream,
+    output_items,
+    response_object,
+    status_of,
+)
+from alight.proxy.streaming import ChatStream, EngineStream, EventStream
+from alight.store.server import read_body
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 32 * 2**20
+JSON = "application/json"
+ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type=JSON)
+
+
+def _answers_errors(handler: Endpoint) -> Endpoint:
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ProxyError as err:
+            return Response(err.body(), status_code=err.status, media_type=JSON)
+        except PayloadTooLargeError as err:
+            return Response(ProxyError(str(err), status=413).body(), status_code=413, media_type=JSON)
+        except ClientDisconnect:
+            return Response(ProxyError("client disconnected").body(), status_code=400, media_type=JSON)
+        except Exception as err:
+            logger.exception("proxy: %s %s failed", request.method, request.url.path)
+            failure = ProxyError(f"internal error: {type(err).__name__}: {err}", status=500, type="server_error")
+            return Response(failure.body(), status_code=500, media_type=JSON)
+
+    return endpoint
+
+
+class WeightsBody(BaseModel):
+    """POST /admin/weights: a checkpoint directory to serve as `version`."""
+
+    checkpoint: str
+    version: int
+
+
+def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, admin: bool = False) -> fastapi.FastAPI:
+    """The proxy's app. Its lifespan starts the proxy (engine) and closes it (spans flushed,
+    engine and store closed). `admin` adds POST /admin/weights for trainers in other processes."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: fastapi.FastAPI) -> AsyncIterator[None]:
+        if not proxy.started:  # ProxyServer starts it before serving, to report failures in one line
+            await proxy.start()
+        try:
+            yield
+        finally:
+            await proxy.close()
+
+    app = fastapi.FastAPI(
+        title="alight proxy",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        # No OpenTelemetry spans for proxy requests: the proxy writes its own LLM spans.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
+    )
+
+    async def on_http_exception(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        message = f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}"
+        code = "not_found" if status == 404 else None
+        return Response(ProxyError(message, status=status, code=code).body(), status_code=status, media_type=JSON)
+
+    app.add_exception_handler(HTTPException, on_http_exception)
+
+    async def parsed(request: Request, model: type[ChatBody] | type[CompletionBody] | type[ResponsesBody]) -> Any:
+        data = parse_json(await read_body(request, max_body_bytes))
+        try:
+            body = model.model_validate(data)
+        except ValidationError as err:
+            raise validation_error(err) from None
+        proxy.check_model(body.model)
+        for key, value in proxy.default_sampling.items():
+            if getattr(body, key) is None and not (
+                key == "max_tokens" and getattr(body, "max_completion_tokens", None)
+            ):
+                setattr(body, key, value)
+        return body
+
+    async def generate(
+        context: CallContext,
+        request: ChatRequest | CompletionRequest,
+        run: Callable[[], Awaitable[Generation]],
+        api: str | None = None,
+    ) -> tuple[Generation, int | None, float, float]:
+        """Run one call through the gate; an engine failure is recorded and answered as an error."""
+        version = await proxy.gate.enter()
+        started, clock = time.time(), time.perf_counter()
+        try:
+            generation = await run()
+        except Exception as err:
+            failure = engine_error(err)
+            if context.recorded:
+                latency = time.perf_counter() - clock
+                proxy.recorder.record(
+                    llm_span(
+                        context, request, stream=False, started=started, latency_s=latency, version=version,
+                        generation=None, error=str(failure), api=api,
+                    )
+                )  # fmt: skip
+            if failure.status >= 500:
+                logger.error("proxy: %s", failure)
+            raise failure from None
+        finally:
+            proxy.gate.leave()
+        return generation, version, started, time.perf_counter() - clock
+
+    async def answer_chat(
+        context: CallContext, engine_request: ChatRequest, api: str
+    ) -> tuple[Generation, dict[str, Any], int | None]:
+        """An unstreamed chat call, recorded: the generation, the answered message, the version."""
+        generation, version, started, latency = await generate(
+            context, engine_request, lambda: proxy.engine.chat(engine_request), api
+        )
+        message = responses.assistant_message(generation.message)
+        if context.recorded:
+            span = llm_span(
+                context, engine_request, stream=False, started=started, latency_s=latency, version=version,
+                generation=generation, message=message, api=api,
+            )  # fmt: skip
+            proxy.recorder.record(span)
+        else:
+            logger.debug("proxy: %s call without rollout/attempt ids: served, not recorded", api)
+        return generation, message, version
+
+    async def chat(request: Request) -> Response:
+        context = CallContext.of(request.path_params, request.headers)
+        body: ChatBody = await parsed(request, ChatBody)
+        engine_request = body.to_request()
+        if body.stream:
+            return await _streamed(ChatStream(proxy, context, engine_request, body))
+        generation, message, version = await answer_chat(context, engine_request, "chat")
+        logprobs = responses.logprobs_content(generation, proxy.token_texts) if body.logprobs else None
+        alight = responses.extension(generation, version, context.recorded_span_id) if body.return_token_ids else None
+        call_id = responses.new_call_id("chatcmpl")
+        return _json(responses.chat_completion(call_id, generation, message, logprobs=logprobs, alight=alight))
+
+    async def respond(request: Request) -> Response:
+        context = CallContext.of(request.path_params, request.headers)
+        body: ResponsesBody = await parsed(request, ResponsesBody)
+        engine_request = body.to_request()
+        if body.stream:
+            return await _streamed(ResponsesStream(proxy, context, engine_request, body))
+        created_at = time.time()
+        generation, message, version = await answer_chat(context, engine_request, "responses")
+        alight = responses.extension(generation, version, context.recorded_span_id) if body.return_token_ids else None
+        output = output_items(message, message_id=responses.new_call_id("msg"), status=status_of(generation))
+        response_id = responses.new_call_id("resp")
+        return _json(
+            response_object(response_id, body, created_at, output=output, generation=generation, alight=alight)
+        )
+
+    async def complete(request: Request) -> Response:
+        context = CallContext.of(request.path_params, request.headers)
+        body: CompletionBody = await parsed(request, CompletionBody)
+        engine_request = body.to_request()
+        generation, version, started, latency = await generate(
+            context, engine_request, lambda: proxy.engine.complete(engine_request)
+        )
+        if context.recorded:
+            span = llm_span(
+                context, engine_request, stream=body.stream, started=started, latency_s=latency, version=version,
+                generation=generation,
+            )  # fmt: skip
+            proxy.recorder.record(span)
+        else:
+            logger.debug("proxy: completions call without rollout/attempt ids: served, not recorded")
+        alight = responses.extension(generation, version, context.recorded_span_id) if body.return_token_ids else None
+        call_id = responses.new_call_id("cmpl")
+        if body.stream:
+            return EventStream(_completion_events(call_id, generation, body.include_usage), None)
+        answer = responses.completion(
+            call_id, generation, logprobs=body.logprobs, token_texts=proxy.token_texts, alight=alight
+        )
+        return _json(answer)
+
+    async def models(request: Request) -> Response:
+        return _json({"object": "list", "data": [_model_card(name) for name in proxy.model_names]})
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["model"]
+        proxy.check_model(name)
+        return _json(_model_card(name))
+
+    async def health(request: Request) -> Response:
+        return _json({"status": "ok", "version": proxy.version, "in_flight": proxy.gate.in_flight})
+
+    async def update_weights(request: Request) -> Response:
+        try:
+            body = WeightsBody.model_validate(parse_json(await read_body(request, max_body_bytes)))
+        except ValidationError as err:
+            raise validation_error(err) from None
+        try:
+            await proxy.update_weights(body.checkpoint, body.version)
+        except AlightError as err:
+            raise ProxyError(str(err), code=err.code) from None
+        except NotImplementedError as err:
+            raise ProxyError(str(err), code="unsupported") from None
+        return _json({"version": proxy.version})
+
+    for prefix in ("", ROLLOUT_PREFIX):
+        app.add_route(f"{prefix}/v1/chat/completions", _answers_errors(chat), methods=["POST"])
+        app.add_route(f"{prefix}/v1/completions", _answers_errors(complete), methods=["POST"])
+        app.add_route(f"{prefix}/v1/responses", _answers_errors(respond), methods=["POST"])
+        app.add_route(f"{prefix}/v1/models", _answers_errors(models), methods=["GET"])
+        app.add_route(f"{prefix}/v1/models/{{model:path}}", _answers_errors(model), methods=["GET"])
+    app.add_route("/health", health, methods=["GET"])
+    if admin:
+        app.add_route("/admin/weights", _answers_errors(update_weights), methods=["POST"])
+    return app
+
+
+async def _streamed(stream: EngineStream) -> Response:
+    """The call's event stream, once the engine has answered its first piece (errors before that
+    are plain HTTP errors)."""
+    await stream.open()
+    return EventStream(stream.events(), stream.close)
+
+
+def _model_card(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "alight"}
+
+
+async def _completion_events(call_id: str, generation: Generation, include_usage: bool) -> AsyncIterator[bytes]:
+    """A finished completion as a stream: the text, the finish reason, the usage if asked."""
+    yield responses.completion_chunk(call_id, generation.model, generation.text, None)
+    yield responses.completion_chunk(call_id, generation.model, "", generation.finish_reason)
+    if include_usage:
+        usage = responses.usage(generation)
+        yield responses.sse(
+            {"id": call_id, "object": "text_completion", "model": generation.model, "choices": [], "usage": usage}
+        )
+    yield responses.DONE

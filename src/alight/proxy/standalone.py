@@ -1,0 +1,72 @@
+"""`alight serve`: a model or a training checkpoint on the OpenAI-compatible API, no trainer needed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from alight.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+ENGINES = ("embedded", "vllm", "litellm")
+
+
+def resolve_model(model: str) -> str:
+    """What an engine that loads weights should load: "tiny", a model directory, or, for a
+    directory of training checkpoints, the newest subdirectory that holds a model (config.json)."""
+    if model == "tiny":
+        return model
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ConfigError(f"no model at {model}: give a model directory, a checkpoint directory or 'tiny'")
+    if path.is_file() or (path / "config.json").is_file():
+        return str(path)
+    candidates = [child for child in path.iterdir() if (child / "config.json").is_file()]
+    if not candidates:
+        raise ConfigError(f"{model} holds no model (no config.json in it or in its subdirectories)")
+    newest = max(candidates, key=lambda child: (child / "config.json").stat().st_mtime)
+    logger.info("serving the newest checkpoint in %s: %s", model, newest.name)
+    return str(newest)
+
+
+def serve_model(
+    model: str = "tiny",
+    *,
+    engine: str = "embedded",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    store_url: str | None = None,
+    served_name: str | None = None,
+    base_url: str | None = None,
+    api_key_env: str | None = None,
+    device: str = "cpu",
+    admin: bool = False,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve `model` with `engine` until Ctrl-C; with `store_url`, record spans of calls that
+    carry rollout/attempt ids into that store server. `base_url` is the upstream of the litellm
+    engine (or a running vLLM server); `api_key_env` names the variable holding the upstream's key.
+    Raises ConfigError for bad arguments (a missing model, an unknown engine, a taken port)."""
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    options: dict[str, Any] = {"served_name": served_name}  # None values: the engine's defaults
+    if engine == "embedded":
+        options.update(model=resolve_model(model), device=device)
+    elif engine == "vllm":
+        options.update(model=resolve_model(model) if base_url is None else model, base_url=base_url)
+    else:
+        options.update(model=model, base_url=base_url, api_key_env=api_key_env)
+    from alight.engines.factory import make_engine
+    from alight.proxy.proxy import Proxy
+    from alight.proxy.server import ProxyServer, serve
+
+    store = None
+    if store_url is not None:
+        from alight.store.client import StoreClient
+
+        store = StoreClient(store_url)
+    proxy = Proxy(make_engine(engine, **options), store)
+    serve(ProxyServer(proxy, host=host, port=port, admin=admin), on_ready=on_ready)

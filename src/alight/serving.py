@@ -1,0 +1,206 @@
+"""An ASGI app served by uvicorn from a background thread, and the Ctrl-C/SIGTERM handling of the
+commands that serve one until interrupted. The store server and the LLM proxy both run this way;
+uvicorn and httpx load only when a server starts, so `import alight` stays light."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+from alight.errors import AlightError, ConfigError
+
+if TYPE_CHECKING:
+    import uvicorn
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class BackgroundServer:
+    """Serves an ASGI app with uvicorn (uvloop, httptools) from a daemon thread with its own event loop.
+
+    Port 0 picks a free port; `url` gives the real one once started. A subclass names itself
+    (`what`), picks the error class it raises, and may override `before_serving` (run on the
+    server's loop before it serves: a failure there is `start()`'s error) and `after_serving`
+    (run there once it has stopped, whatever happened)."""
+
+    what = "server"
+    error: type[AlightError] = ConfigError
+    graceful_shutdown_s = 5.0
+
+    def __init__(self, app: Any, *, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._app = app
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Set when the server thread is done. Waited on instead of Thread.join: a Ctrl-C landing
+        # inside join() can leave CPython believing a running thread has ended.
+        self._stopped = threading.Event()
+        self._failure: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def before_serving(self) -> None:
+        """Runs on the server's loop before it serves."""
+
+    async def after_serving(self) -> None:
+        """Runs on the server's loop once it has stopped (also when `before_serving` failed)."""
+
+    def start(self, timeout_s: float = 30.0) -> Self:
+        """Start serving; return once the app answers `/health`."""
+        import uvicorn
+
+        if self._thread is not None:
+            raise self.error(f"the {self.what} is already started")
+        sock = _listen(self.host, self.port, self.what)
+        self.port = sock.getsockname()[1]
+        self._stopped.clear()
+        self._failure = None
+        config = uvicorn.Config(
+            self._app,
+            loop="uvloop",
+            http="httptools",
+            access_log=False,
+            proxy_headers=False,  # trust no forwarding proxy's headers
+            log_level="warning",
+            log_config=None,  # leave the application's logging setup alone
+            timeout_keep_alive=30,  # longer than the store client's idle expiry (4 s): the client closes first
+            timeout_graceful_shutdown=int(self.graceful_shutdown_s),
+        )
+        self._server = uvicorn.Server(config)
+        name = f"alight-{self.what.replace(' ', '-')}-{self.port}"
+        self._thread = threading.Thread(target=self._run, args=(self._server, sock), name=name, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._answers():
+            if self._stopped.is_set():
+                self._server = self._thread = None
+                if isinstance(self._failure, AlightError):
+                    raise self._failure
+                raise self.error(f"the {self.what} on {self.url} stopped while starting: {self._failure!r}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise self.error(f"the {self.what} on {self.url} did not answer within {timeout_s:.0f} s")
+            time.sleep(0.01)
+        return self
+
+    def _answers(self) -> bool:
+        import httpx
+
+        if self._server is None or not self._server.started:
+            return False
+        try:
+            with httpx.Client(trust_env=False, timeout=2.0) as http:
+                return http.get(self.url + "/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _run(self, server: uvicorn.Server, sock: socket.socket) -> None:
+        async def main() -> None:
+            try:
+                try:
+                    await self.before_serving()
+                except BaseException as err:
+                    self._failure = err
+                    return
+                self._loop = asyncio.get_running_loop()
+                await server.serve(sockets=[sock])
+            finally:
+                await self.after_serving()
+
+        try:
+            with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+                runner.run(main())
+        except BaseException as err:  # uvicorn exits with SystemExit when startup fails
+            self._failure = err
+            logger.exception("the %s on %s stopped", self.what, self.url)
+        finally:
+            sock.close()
+            self._loop = None
+            self._stopped.set()
+
+    def run(self, work: Coroutine[Any, Any, T], timeout_s: float | None = 60.0) -> T:
+        """Run a coroutine on the server's loop from another thread and return its result."""
+        if self._loop is None:
+            work.close()
+            raise self.error(f"the {self.what} is not running")
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result(timeout_s)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Shut down gracefully (the requests in flight finish), then end the thread."""
+        if self._server is None or self._thread is None:
+            return
+        self._server.should_exit = True
+        if not self._stopped.wait(timeout_s):
+            self._server.force_exit = True
+            self._stopped.wait(timeout_s)
+        self._thread.join(1.0)
+        self._server = None
+        self._thread = None
+
+    def serve_until_interrupted(self, on_ready: Callable[[str], None] | None = None) -> None:
+        """Serve until Ctrl-C or SIGTERM, then stop gracefully. `on_ready` gets the URL once it answers."""
+        with sigterm_interrupts():
+            try:
+                self.start()
+                logger.debug("alight %s serving on %s", self.what, self.url)
+                if on_ready is not None:
+                    on_ready(self.url)
+                while not self._stopped.wait(0.5):
+                    pass
+            except KeyboardInterrupt:
+                logger.info("alight %s on %s: stopping", self.what, self.url)
+            finally:
+                self.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _listen(host: str, port: int, what: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise ConfigError(f"the {what} cannot listen on {host}:{port}: {err.strerror or err}") from None
+    return sock
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Inside: SIGTERM raises KeyboardInterrupt, like Ctrl-C (main thread only; elsewhere a no-op).
+    Once: a second SIGTERM (a supervisor insisting) must not cut the graceful shutdown short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt

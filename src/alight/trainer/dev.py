@@ -1,0 +1,126 @@
+"""`alight dev`: run the configured agent on a few tasks through the full stack, without training."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alight.config.schema import ExperimentConfig
+from alight.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DevResult:
+    """What one dev rollout did."""
+
+    rollout_id: str
+    task: Any
+    status: str
+    reward: float | None
+    attempts: int
+    llm_calls: int
+    tool_calls: int
+    duration_s: float | None
+    error: str | None  # last line of the last failed attempt's error
+
+
+def with_endpoint(cfg: ExperimentConfig, endpoint: str | None, model: str | None) -> ExperimentConfig:
+    """The config with its engine swapped for an external OpenAI-compatible endpoint (via LiteLLM)."""
+    if endpoint is None and model is None:
+        return cfg
+    if endpoint is None:
+        raise ConfigError("--model needs --endpoint (the OpenAI-compatible base URL serving it)")
+    name = model or cfg.engine.served_name
+    litellm_model = name if "/" in name else f"openai/{name}"
+    engine = dataclasses.replace(cfg.engine, kind="litellm", model=litellm_model, base_url=endpoint, options={})
+    return dataclasses.replace(cfg, engine=engine)
+
+
+def dev_rows(cfg: ExperimentConfig, n: int) -> list[Any]:
+    """The task inputs dev runs: the first `n` rows of the dev split (val, else train)."""
+    from alight.data import load_rows, task_input
+
+    order = [cfg.data.val, cfg.data.train] if cfg.dev.split == "val" else [cfg.data.train, cfg.data.val]
+    spec = next((s for s in order if s), None)
+    if spec is None:
+        raise ConfigError("the config names no data (data.train or data.val)")
+    rows = load_rows(spec, size=n, seed=cfg.data.seed, generator_kwargs=cfg.data.generator_kwargs)
+    return [task_input(row, cfg.data.input_field) for row in rows[:n]]
+
+
+def run_dev(
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    *,
+    n: int | None = None,
+    on_progress: Callable[[dict[str, int]], None] | None = None,
+) -> list[DevResult]:
+    """Run the agent on `n` tasks through store, proxy, engine and runner pool; the store stays in
+    `run_dir` for `alight trace`. Every input problem raises ConfigError before a worker starts."""
+    from alight.agent import load_agent
+    from alight.trainer.stack import LocalStack, check_endpoint
+
+    count = n or cfg.dev.n
+    load_agent(cfg.agent.entrypoint)  # an entrypoint that does not import fails here, in one line
+    tasks = dev_rows(cfg, count)
+    if cfg.engine.kind == "litellm" and cfg.engine.base_url:
+        check_endpoint(cfg.engine.base_url)
+    with LocalStack(cfg, run_dir, n_runners=min(cfg.runner.n_runners, len(tasks))) as stack:
+        assert stack.store_url is not None
+        return asyncio.run(_run(cfg, stack.store_url, tasks, on_progress))
+
+
+async def _run(
+    cfg: ExperimentConfig, store_url: str, tasks: list[Any], on_progress: Callable[[dict[str, int]], None] | None
+) -> list[DevResult]:
+    from alight.store.client import StoreClient
+    from alight.types import Rollout, RolloutMode, SpanKind, Task
+
+    async with StoreClient(store_url) as store:
+        rollouts = [
+            Rollout(
+                task=Task(input=task),
+                mode=RolloutMode.DEV,
+                max_attempts=cfg.runner.max_attempts,
+                timeout_s=cfg.runner.timeout_s,
+                heartbeat_timeout_s=cfg.runner.heartbeat_timeout_s,
+            )
+            for task in tasks
+        ]
+        ids = [r.rollout_id for r in await store.enqueue(rollouts)]
+        deadline = time.monotonic() + cfg.dev.timeout_s
+        while True:
+            ended = await store.wait_for_rollouts(ids, timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+            if on_progress is not None:
+                on_progress({"ended": len(ended), "total": len(ids)})
+            if len(ended) == len(ids) or time.monotonic() >= deadline:
+                break
+        results = []
+        for rollout_id in ids:
+            rollout = await store.get_rollout(rollout_id)
+            spans = await store.query_spans(rollout_id) if rollout.attempt_count else []
+            attempts = await store.list_attempts(rollout_id)
+            errors = [a.error for a in attempts if a.error]
+            ends = [s.end_time for s in spans if s.end_time] + [rollout.ended_at or 0.0]
+            results.append(
+                DevResult(
+                    rollout_id=rollout_id,
+                    task=rollout.task.input,
+                    status=rollout.status.value,
+                    reward=rollout.reward,
+                    attempts=rollout.attempt_count,
+                    llm_calls=sum(1 for s in spans if s.kind == SpanKind.LLM),
+                    tool_calls=sum(1 for s in spans if s.kind == SpanKind.TOOL),
+                    duration_s=(max(ends) - rollout.started_at) if rollout.started_at and max(ends) else None,
+                    error=errors[-1].strip().splitlines()[-1] if errors else None,
+                )
+            )
+        return results

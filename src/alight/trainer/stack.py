@@ -1,0 +1,130 @@
+"""The local stack of a run: store server, engine behind the LLM proxy, and the runner pool.
+
+`alight dev` and `alight train` start the same stack: a SQLite store in the run directory served
+over HTTP (or an existing store server), the configured engine behind the proxy (which records
+every LLM call into the store), the policy published as the `llm` resource, and `n_runners`
+worker processes running the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from alight.config.schema import EngineConfig, ExperimentConfig
+from alight.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+STORE_FILE = "store.db"
+
+
+def engine_options(engine: EngineConfig) -> tuple[str, dict[str, Any]]:
+    """The engine kind and the keyword arguments `make_engine` takes for it."""
+    options: dict[str, Any] = {"model": engine.model, "served_name": engine.served_name}
+    if engine.kind == "embedded":
+        options.update(device=engine.device, dtype=engine.dtype, max_batch_size=engine.max_batch_size)
+    elif engine.kind == "litellm":
+        options.update(base_url=engine.base_url, api_key_env=engine.api_key_env, tokenizer=engine.tokenizer)
+    options.update(engine.options)
+    return engine.kind, options
+
+
+def check_endpoint(base_url: str, timeout_s: float = 5.0) -> None:
+    """Fail early, in one line, when an OpenAI-compatible endpoint does not answer at all."""
+    import httpx
+
+    url = base_url.rstrip("/") + "/models"
+    try:
+        httpx.get(url, timeout=timeout_s, trust_env=False)
+    except httpx.HTTPError as err:
+        raise ConfigError(f"endpoint {base_url} does not answer ({type(err).__name__}: {err})") from None
+
+
+class LocalStack:
+    """Store server, proxy + engine and runner pool for one run; `with LocalStack(...) as stack:`."""
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: Path, *, n_runners: int | None = None) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.n_runners = n_runners or cfg.runner.n_runners
+        self.store_url: str | None = cfg.store.url
+        self._store_server: Any = None
+        self.proxy_server: Any = None
+        self.pool: Any = None
+
+    def start(self) -> LocalStack:
+        from alight.engines.factory import make_engine
+        from alight.proxy.proxy import Proxy
+        from alight.proxy.server import ProxyServer
+        from alight.runner.pool import RunnerPool
+        from alight.store.client import StoreClient
+
+        kind, options = engine_options(self.cfg.engine)
+        engine = make_engine(kind, **options)  # bad engine options fail here, before anything starts
+        try:
+            if self.store_url is None:
+                from alight.store.server import StoreServer
+                from alight.store.sqlite import SqliteStore
+
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                store = SqliteStore(self.run_dir / STORE_FILE)
+                self._store_server = StoreServer(store, port=self.cfg.store.port).start()
+                self.store_url = self._store_server.url
+            assert self.store_url is not None
+            logger.info("store at %s", self.store_url)
+            proxy = Proxy(engine, StoreClient(self.store_url), default_sampling=self.sampling_parameters())
+            self.proxy_server = ProxyServer(proxy, host=self.cfg.proxy.host, port=self.cfg.proxy.port).start()
+            logger.info("LLM proxy at %s (engine %s, model %s)", self.proxy_server.url, kind, self.cfg.engine.model)
+            asyncio.run(self._publish())
+            self.pool = RunnerPool(
+                self.cfg.agent.entrypoint, self.store_url, n_runners=self.n_runners, tracer=self.cfg.runner.tracer
+            ).start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def sampling_parameters(self) -> dict[str, Any]:
+        """The configured sampling: published with the `llm` resource, and the proxy's defaults."""
+        sampling = self.cfg.engine.sampling
+        return {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": sampling.max_tokens}
+
+    async def _publish(self) -> None:
+        from alight.store.client import StoreClient
+        from alight.types import LLMResource
+
+        async with StoreClient(self._url()) as store:
+            await store.add_resources(
+                {
+                    "llm": LLMResource(
+                        endpoint=self.proxy_server.url,
+                        model=self.cfg.engine.served_name,
+                        sampling_parameters=self.sampling_parameters(),
+                    )
+                }
+            )
+
+    def _url(self) -> str:
+        if self.store_url is None:
+            raise RuntimeError("the stack is not started")
+        return self.store_url
+
+    def stop(self) -> None:
+        """Stop the pool (draining), then the proxy (flushing spans), then the store."""
+        for part, name in ((self.pool, "runner pool"), (self.proxy_server, "proxy"), (self._store_server, "store")):
+            if part is None:
+                continue
+            try:
+                part.stop()
+            except Exception:
+                logger.exception("stopping the %s failed", name)
+        self.pool = self.proxy_server = self._store_server = None
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
