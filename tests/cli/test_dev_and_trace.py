@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,16 @@ def test_bad_input_fails_in_one_line_before_any_worker_starts(tmp_path: Path, ca
     assert len(errors) == 1 and expected in errors[0], done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+
+
+@pytest.mark.slow
+def test_dev_cancels_rollouts_still_running_at_its_time_limit(tmp_path: Path) -> None:
+    agent_file = tmp_path / "sleepy.py"
+    agent_file.write_text("import time\n\ndef solve(task):\n    time.sleep(600)\n    return 1.0\n")
+    config = write_config(tmp_path, entrypoint=f"{agent_file}:solve")
+    started = time.monotonic()
+    done = alight("dev", str(config), "--n", "1", "--json", "dev.timeout_s=3", "runner.heartbeat_timeout_s=600")
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(done.stdout)["rollouts"]
+    assert row["status"] == "cancelled"
+    assert time.monotonic() - started < 60

@@ -82,7 +82,7 @@ async def _run(
     cfg: ExperimentConfig, store_url: str, tasks: list[Any], on_progress: Callable[[dict[str, int]], None] | None
 ) -> list[DevResult]:
     from alight.store.client import StoreClient
-    from alight.types import Rollout, RolloutMode, SpanKind, Task
+    from alight.types import Rollout, RolloutMode, RolloutStatus, SpanKind, Task
 
     async with StoreClient(store_url) as store:
         rollouts = [
@@ -103,6 +103,11 @@ async def _run(
                 on_progress({"ended": len(ended), "total": len(ids)})
             if len(ended) == len(ids) or time.monotonic() >= deadline:
                 break
+        finished = {r.rollout_id for r in ended}
+        for rollout_id in ids:
+            if rollout_id not in finished:  # out of time (dev.timeout_s): cancel, so runners move on
+                logger.warning("dev: rollout %s still running after %.0f s: cancelled", rollout_id, cfg.dev.timeout_s)
+                await store.finish_rollout(rollout_id, RolloutStatus.CANCELLED)
         results = []
         for rollout_id in ids:
             rollout = await store.get_rollout(rollout_id)
