@@ -212,16 +212,72 @@ class ResourceSet(_Model):
 
 
 class Transition(_Model):
-    """One (prompt, response, reward) sample the trainer learns from, cut from an LLM span."""
+    """One (prompt, response, reward) sample the trainer learns from, cut from an LLM span.
+
+    The adapter (`alight.adapters`) makes them; credit assignment sets `reward` and the advantage
+    estimator `advantage` (`alight.algorithms.LightningRL` does both).
+    """
 
     prompt_ids: list[int]
     response_ids: list[int]
-    response_logprobs: list[float] | None = None
+    response_logprobs: list[float] | None = None  # one per response token; None: the backend recomputes
     reward: float
     agent_name: str | None = None
-    step_index: int = 0  # position among the kept LLM calls of the attempt
+    step_index: int = 0  # position among the kept LLM calls (trajectory mode: merged sequences) of the attempt
     rollout_id: str
     attempt_id: str | None = None
     group_id: str | None = None
-    span_id: str | None = None
+    span_id: str | None = None  # the LLM span it was cut from (trajectory mode: the first merged one)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    advantage: float | None = None  # set by the advantage estimator; None before
+    response_mask: list[int] | None = None  # 1 on model-generated response tokens, 0 on inserted ones; None: all 1
+
+    @classmethod
+    def unchecked(
+        cls,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        reward: float,
+        rollout_id: str,
+        *,
+        response_logprobs: list[float] | None = None,
+        agent_name: str | None = None,
+        step_index: int = 0,
+        attempt_id: str | None = None,
+        group_id: str | None = None,
+        span_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        advantage: float | None = None,
+        response_mask: list[int] | None = None,
+    ) -> Transition:
+        """A transition built without validation, about 10x faster than `model_construct`: for the
+        adapter's hot path, whose inputs are already checked. Equal to the validated model."""
+        transition = cls.__new__(cls)
+        _set = object.__setattr__
+        _set(
+            transition,
+            "__dict__",
+            {
+                "prompt_ids": prompt_ids,
+                "response_ids": response_ids,
+                "response_logprobs": response_logprobs,
+                "reward": reward,
+                "agent_name": agent_name,
+                "step_index": step_index,
+                "rollout_id": rollout_id,
+                "attempt_id": attempt_id,
+                "group_id": group_id,
+                "span_id": span_id,
+                "metadata": {} if metadata is None else metadata,
+                "advantage": advantage,
+                "response_mask": response_mask,
+            },
+        )
+        # Shared: every field counts as set, so pydantic's `fields_set.add` on assignment never changes it.
+        _set(transition, "__pydantic_fields_set__", _TRANSITION_FIELDS)
+        _set(transition, "__pydantic_extra__", None)
+        _set(transition, "__pydantic_private__", None)
+        return transition
+
+
+_TRANSITION_FIELDS = set(Transition.model_fields)

@@ -163,9 +163,37 @@ def trace(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables and trees.")] = False,
     otlp: Annotated[Path | None, typer.Option(help="Also write the spans to this file as OTLP/JSON.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="Most rollouts to list.")] = 50,
+    transitions: Annotated[
+        bool,
+        typer.Option(
+            "--transitions", help="Show the transitions the rollout yields: agent, step, lengths, reward, advantage."
+        ),
+    ] = False,
+    config: Annotated[
+        Path | None, typer.Option(help="With --transitions: take the adapter and algorithm settings from this config.")
+    ] = None,
+    agent_match: Annotated[
+        str | None, typer.Option("--agent-match", help="With --transitions: regex of the agents trained on.")
+    ] = None,
+    credit: Annotated[
+        str | None, typer.Option(help="With --transitions: identity, discounted, last or module:function.")
+    ] = None,
+    mode: Annotated[str | None, typer.Option(help="With --transitions: transition or trajectory.")] = None,
+    advantage: Annotated[str | None, typer.Option(help="With --transitions: grpo, rloo or reinforce_pp.")] = None,
+    gamma: Annotated[float | None, typer.Option(help="With --transitions: discount of the discounted credit.")] = None,
 ) -> None:
-    """Show the rollouts of a run, one rollout's spans (agent, LLM calls, tool calls, rewards), or export them."""
+    """Show the rollouts of a run, one rollout's spans (agent, LLM calls, tool calls, rewards) or the
+    transitions it yields, or export them."""
     from rich.console import Console
+
+    from alight.cli.transitions_view import TransitionSettings, check_options, run_transitions
+
+    check_options(rollout, transitions, (config, agent_match, credit, mode, advantage, gamma))
+    if transitions:
+        assert rollout is not None
+        settings = TransitionSettings(config, agent_match, credit, mode, advantage, gamma)
+        run_transitions(target, rollout, settings, as_json=as_json, console=Console())
+        return
 
     from alight.cli.trace_view import run_trace
 

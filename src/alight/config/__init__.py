@@ -2,7 +2,9 @@
 
 from alight.config.loading import load_config, to_dict, to_object, to_yaml
 from alight.config.schema import (
+    AdapterConfig,
     AgentConfig,
+    AlgorithmConfig,
     DataConfig,
     DevConfig,
     EngineConfig,
@@ -14,7 +16,9 @@ from alight.config.schema import (
 )
 
 __all__ = [
+    "AdapterConfig",
     "AgentConfig",
+    "AlgorithmConfig",
     "DataConfig",
     "DevConfig",
     "EngineConfig",

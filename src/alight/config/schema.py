@@ -82,6 +82,24 @@ class DevConfig:
 
 
 @dataclass
+class AdapterConfig:
+    agent_match: str | None = None  # regex the agent name of an LLM call must fully match to be trained; None: all
+    mode: str = "transition"  # transition: one sample per LLM call | trajectory: an agent's calls merged, masked
+    credit: str = "identity"  # identity | discounted | last | "module:function" (see alight.algorithms.credit)
+    gamma: float = 0.95  # discounted credit: step t of T gets gamma^(T-1-t) of the episode reward
+    max_prompt_length: int | None = None  # longer prompts keep their last tokens; None: no limit
+    max_response_length: int | None = None  # longer responses keep their first tokens; None: no limit
+    air: list[dict[str, Any]] = field(default_factory=list)  # automatic intermediate reward rules (algorithms.air)
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: str = "grpo"  # grpo | rloo | reinforce_pp (see alight.algorithms.advantages)
+    norm_std: bool = True  # grpo: divide by the group's reward std; reinforce_pp: by the batch's
+    eps: float = 1e-6  # added to the std before dividing
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "experiment"  # names the run directory
     output_dir: str = "runs"  # parent folder of run directories
@@ -93,6 +111,8 @@ class ExperimentConfig:
     store: StoreConfig = field(default_factory=StoreConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     dev: DevConfig = field(default_factory=DevConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
 
 
 #: Name of the schema node in Hydra's ConfigStore.

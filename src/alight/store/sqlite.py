@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import logging
 import os
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 
@@ -76,6 +77,20 @@ CREATE TABLE IF NOT EXISTS spans (
 CREATE INDEX IF NOT EXISTS spans_in_order ON spans (attempt_id, sequence_id);
 CREATE TABLE IF NOT EXISTS resources (version INTEGER PRIMARY KEY, data TEXT NOT NULL);
 """
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC: decoding JSON allocates millions of containers and no cycle, and the
+    collections it would trigger (rescanning every live object) double the time of a bulk read."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
 
 _LIVE = (AttemptStatus.PREPARING.value, AttemptStatus.RUNNING.value)
 _TERMINAL = tuple(s.value for s in RolloutStatus if s.is_terminal)
@@ -319,6 +334,77 @@ class SqliteStore(Store):
                 span.sequence_id = seq
                 spans.append(span)
         return spans
+
+    async def span_dicts(
+        self, rollout_ids: Sequence[str], *, all_attempts: bool = False
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The spans of many rollouts as plain dicts (the stored JSON, `sequence_id` from its column),
+        keyed by rollout id in the order given, each list ordered as `query_spans` orders it: the
+        latest attempt's spans, or with `all_attempts` every attempt's, first attempt first.
+
+        Two queries whatever the number of rollouts and no pydantic: the trainer's bulk read.
+        Raises NotFoundError for an unknown rollout; a rollout never claimed has no spans."""
+        ids = list(dict.fromkeys(rollout_ids))
+        if not ids:
+            return {}
+        ids_json = orjson.dumps(ids).decode()
+        attempts = self._db.execute(
+            "SELECT rollout_id, attempt_id FROM attempts WHERE rollout_id IN (SELECT value FROM json_each(?))"
+            " ORDER BY rollout_id, number",
+            (ids_json,),
+        ).fetchall()
+        chosen: dict[str, list[str]] = {}
+        for rollout_id, attempt_id in attempts:
+            chosen.setdefault(rollout_id, []).append(attempt_id)
+        if len(chosen) < len(ids):
+            self._check_rollouts_exist([i for i in ids if i not in chosen])
+        if not all_attempts:
+            chosen = {rid: aids[-1:] for rid, aids in chosen.items()}
+        by_attempt: dict[str, list[dict[str, Any]]] = {aid: [] for aids in chosen.values() for aid in aids}
+        rows = self._db.execute(
+            "SELECT attempt_id, sequence_id, data FROM spans WHERE attempt_id IN (SELECT value FROM json_each(?))"
+            " ORDER BY attempt_id, sequence_id",
+            (orjson.dumps(list(by_attempt)).decode(),),
+        )
+        loads = orjson.loads
+        with _gc_paused():
+            for attempt_id, seq, data in rows:
+                span = loads(data)
+                span["sequence_id"] = seq
+                by_attempt[attempt_id].append(span)
+        out: dict[str, list[dict[str, Any]]] = {}
+        for rollout_id in ids:
+            aids = chosen.get(rollout_id, ())
+            out[rollout_id] = by_attempt[aids[0]] if len(aids) == 1 else [s for a in aids for s in by_attempt[a]]
+        return out
+
+    async def rollout_dicts(self, rollout_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The stored rollouts as plain dicts (Rollout's JSON shape), in the order given, in one
+        query and without pydantic: with `span_dicts`, what the adapter reads. NotFoundError for an
+        unknown rollout."""
+        ids = list(dict.fromkeys(rollout_ids))
+        rows = self._db.execute(
+            "SELECT rollout_id, data FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
+            (orjson.dumps(ids).decode(),),
+        )
+        found = {rollout_id: data for rollout_id, data in rows}
+        if len(found) < len(ids):
+            self._check_rollouts_exist(ids)
+        loads = orjson.loads
+        with _gc_paused():
+            return [loads(found[rollout_id]) for rollout_id in ids]
+
+    def _check_rollouts_exist(self, rollout_ids: Sequence[str]) -> None:
+        known = {
+            r[0]
+            for r in self._db.execute(
+                "SELECT rollout_id FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
+                (orjson.dumps(list(rollout_ids)).decode(),),
+            )
+        }
+        missing = [i for i in rollout_ids if i not in known]
+        if missing:
+            raise NotFoundError(f"unknown rollout {missing[0]!r}")
 
     # -- reading ----------------------------------------------------------------------------
     async def get_rollout(self, rollout_id: str) -> Rollout:

@@ -1,0 +1,144 @@
+"""LightningRL throughput: stored spans -> transitions with rewards and advantages -> TransitionBatch.
+
+A SQLite store is filled once (outside the timing) with --rollouts finished rollouts in groups of
+--group-size, each with --calls LLM calls as the proxy records them (messages, prompt ids of about
+100-300 tokens, responses of 30-60 tokens with log-probs) made by three agents (writer, then
+checker and rewriter in turn, each continuing its own conversation), an agent span, a tool span
+and the final reward span. Then, training step by training step (--step-rollouts rollouts, whole
+groups), the timed pipeline runs as the trainer's does:
+
+  read        SqliteStore.rollout_dicts + span_dicts (orjson, no pydantic)
+  adapt       SpanAdapter.adapt per rollout (agent_match, order, rewards attached)
+  advantages  credit assignment + GRPO advantages over the step's groups (LightningRL.assign)
+  batch       TransitionBatch.from_transitions (padded torch tensors)
+
+Cases are the adapter modes: `transition` (one transition per LLM call) and `trajectory` (an
+agent's calls merged into one masked sequence). Rows per case: transitions_per_s (transitions made
+/ total seconds), calls_per_s (LLM calls adapted / total seconds, comparable across modes) and the
+split read_s, adapt_s, advantages_s, batch_s, total_s (seconds for all rollouts). Each value is the
+median of --repeat runs. The cyclic GC is paused during each step, as the trainer should do (the
+pipeline allocates millions of objects and no cycle; the collections cost about 2x): --keep-gc
+measures with it on.
+
+Usage: python benchmarks/adapter_bench.py [--json] [--repeat 3] [--rollouts 10000] [--cases transition,trajectory]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from adapter_data import populate
+from alight.adapters import AdapterStats
+from alight.algorithms import LightningRL
+from alight.config.schema import AdapterConfig, AlgorithmConfig
+from alight.store.sqlite import SqliteStore
+from bench_report import arguments, emit, median_row
+
+PHASES = ("read", "adapt", "advantages", "batch")
+
+
+async def run_once(
+    store: SqliteStore, ids: list[str], rl: LightningRL, step_rollouts: int, pause_gc: bool = True
+) -> dict[str, float]:
+    """One pass over every rollout, step by step; seconds per phase and the counts made."""
+    clock = time.perf_counter
+    spent = dict.fromkeys(PHASES, 0.0)
+    transitions = calls = 0
+    for start in range(0, len(ids), step_rollouts):
+        step = ids[start : start + step_rollouts]
+        if pause_gc:  # the step allocates millions of objects and no cycle: collections only rescan them
+            gc.disable()
+        t0 = clock()
+        rollouts = await store.rollout_dicts(step)
+        spans = await store.span_dicts(step)
+        t1 = clock()
+        stats = AdapterStats()
+        adapted = [
+            rl.adapter.adapt(
+                spans[r["rollout_id"]],
+                rollout_id=r["rollout_id"],
+                group_id=r["group_id"],
+                reward=r["reward"],
+                stats=stats,
+            )
+            for r in rollouts
+        ]
+        t2 = clock()
+        made = rl.assign(adapted, stats)
+        t3 = clock()
+        batch = rl.batch(made, pad_id=0)
+        t4 = clock()
+        gc.enable()
+        assert len(batch) == len(made) == stats.transitions
+        for phase, seconds in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            spent[phase] += seconds
+        transitions += len(made)
+        calls += stats.calls_kept
+    return {**spent, "total": sum(spent.values()), "transitions": transitions, "calls": calls}
+
+
+def measure(path: Path, ids: list[str], mode: str, args: Any) -> list[dict[str, float]]:
+    rl = LightningRL.from_config(
+        AdapterConfig(agent_match=args.agent_match, mode=mode, credit=args.credit), AlgorithmConfig(advantage="grpo")
+    )
+
+    async def runs() -> list[dict[str, float]]:
+        async with SqliteStore(path) as store:
+            await run_once(store, ids[: args.step_rollouts], rl, args.step_rollouts)  # warm-up: imports, caches
+            return [await run_once(store, ids, rl, args.step_rollouts, not args.keep_gc) for _ in range(args.repeat)]
+
+    return asyncio.run(runs())
+
+
+def rows(case: str, runs: list[dict[str, float]], show: bool) -> list[dict[str, Any]]:
+    out = [
+        median_row(case, "transitions_per_s", [r["transitions"] / r["total"] for r in runs], show_runs=show),
+        median_row(case, "calls_per_s", [r["calls"] / r["total"] for r in runs], show_runs=show),
+    ]
+    for phase in (*PHASES, "total"):
+        out.append(median_row(case, f"{phase}_s", [r[phase] for r in runs], digits=3, show_runs=show))
+    return out
+
+
+def main() -> None:
+    parser = arguments(__doc__, cases="transition,trajectory", repeat=3)
+    parser.add_argument("--rollouts", type=int, default=10_000, help="rollouts in the store")
+    parser.add_argument("--group-size", type=int, default=8, help="rollouts per task (GRPO group)")
+    parser.add_argument("--calls", type=int, default=5, help="LLM calls per rollout")
+    parser.add_argument("--step-rollouts", type=int, default=512, help="rollouts per training step (whole groups)")
+    parser.add_argument("--agent-match", default=None, help="adapter agent_match regex (default: every agent)")
+    parser.add_argument("--credit", default="identity", help="credit assignment mode")
+    parser.add_argument("--keep-gc", action="store_true", help="leave the cyclic GC on during each step")
+    args = parser.parse_args()
+    if args.step_rollouts % args.group_size:
+        raise SystemExit("--step-rollouts must be a multiple of --group-size: a step holds whole groups")
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="alight-adapter-bench-") as tmp:
+        path = Path(tmp) / "store.db"
+        started = time.perf_counter()
+        ids = populate(path, rollouts=args.rollouts, group_size=args.group_size, calls=args.calls)
+        if not args.json:
+            print(f"populated {args.rollouts} rollouts in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        for case in args.cases.split(","):
+            runs = measure(path, ids, case, args)
+            results += rows(case, runs, show=not args.json)
+            if not args.json:
+                made = statistics.median(r["transitions"] for r in runs)
+                print(f"{case}: {made:.0f} transitions from {args.rollouts} rollouts", file=sys.stderr)
+    title = (
+        f"{args.rollouts} rollouts x {args.calls} LLM calls, groups of {args.group_size}, steps of "
+        f"{args.step_rollouts} rollouts, median of {args.repeat} runs"
+    )
+    emit("adapter", results, as_json=args.json, title=title, digits=3)
+
+
+if __name__ == "__main__":
+    main()

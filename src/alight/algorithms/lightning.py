@@ -1,0 +1,186 @@
+"""LightningRL: rollouts' spans -> credited transitions with advantages -> a `TransitionBatch`.
+
+The trainer and tools (`alight trace --transitions`, the adapter benchmark) use one entry point:
+
+    rl = LightningRL.from_config(cfg.adapter, cfg.algorithm, tokenizer=tokenizer)
+    transitions, stats = rl.adapt_rollouts(rollouts, spans_by_rollout)
+    batch = rl.batch(transitions, pad_id=tokenizer.pad_token_id)
+
+Steps: the adapter (`alight.adapters.SpanAdapter`) cuts each rollout's spans into transitions
+and attaches intermediate rewards (mid-episode reward spans, AIR); credit assignment
+(`alight.algorithms.credit`) gives each transition its reward; the estimator
+(`alight.algorithms.advantages`) gives it its advantage, per rollout or per transition as the
+credit mode says. Only rollouts with at least one transition take part in their group's statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+from collections import Counter
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from alight.adapters import AdaptedRollout, AdapterStats, SpanAdapter, SpanLike
+from alight.algorithms.advantages import ESTIMATORS, compute_advantages
+from alight.algorithms.air import parse_air_rules
+from alight.algorithms.batch import TransitionBatch
+from alight.algorithms.credit import Credit, make_credit
+from alight.config.schema import AdapterConfig, AlgorithmConfig
+from alight.errors import ConfigError
+from alight.types import Rollout, Transition
+
+
+class LightningRL:
+    """The span -> transition -> batch pipeline for one experiment's adapter and algorithm settings."""
+
+    def __init__(
+        self,
+        adapter: SpanAdapter,
+        credit: Credit,
+        *,
+        advantage: str = "grpo",
+        norm_std: bool = True,
+        eps: float = 1e-6,
+    ) -> None:
+        if advantage not in ESTIMATORS:
+            raise ConfigError(f"algorithm advantage must be one of {', '.join(ESTIMATORS)}, got {advantage!r}")
+        if not eps > 0:
+            raise ConfigError(f"algorithm eps must be positive, got {eps}")
+        self.adapter = adapter
+        self.credit = credit
+        self.advantage = advantage
+        self.norm_std = norm_std
+        self.eps = eps
+
+    @classmethod
+    def from_config(
+        cls, adapter: AdapterConfig | None = None, algorithm: AlgorithmConfig | None = None, *, tokenizer: Any = None
+    ) -> LightningRL:
+        """The pipeline the config groups describe; `tokenizer` (a Hugging Face tokenizer or a
+        `TokenizeFn`) re-tokenises calls recorded without token ids. ConfigError for bad settings."""
+        adapter = AdapterConfig() if adapter is None else adapter
+        algorithm = AlgorithmConfig() if algorithm is None else algorithm
+        air = parse_air_rules(list(adapter.air or []))
+        span_adapter = SpanAdapter(
+            agent_match=adapter.agent_match,
+            mode=adapter.mode,
+            max_prompt_length=adapter.max_prompt_length,
+            max_response_length=adapter.max_response_length,
+            tokenizer=tokenizer,
+            tool_reward=air if air else None,
+        )
+        return cls(
+            span_adapter,
+            make_credit(adapter.credit, gamma=adapter.gamma),
+            advantage=algorithm.advantage,
+            norm_std=algorithm.norm_std,
+            eps=algorithm.eps,
+        )
+
+    def adapt_rollouts(
+        self,
+        rollouts: Sequence[Rollout | Mapping[str, Any]],
+        spans_by_rollout: Mapping[str, Iterable[SpanLike]],
+    ) -> tuple[list[Transition], AdapterStats]:
+        """Transitions of every rollout (rollout order, then step order) with rewards and advantages set.
+
+        `rollouts` are `Rollout`s or dicts with rollout_id, group_id and reward (Rollout.reward);
+        `spans_by_rollout` maps a rollout id to the spans of its attempt (a missing id: no spans).
+        """
+        stats = AdapterStats()
+        with paused_gc():
+            adapted = [self._adapt_one(rollout, spans_by_rollout, stats) for rollout in rollouts]
+            return self.assign(adapted, stats), stats
+
+    def _adapt_one(
+        self,
+        rollout: Rollout | Mapping[str, Any],
+        spans_by_rollout: Mapping[str, Iterable[SpanLike]],
+        stats: AdapterStats,
+    ) -> AdaptedRollout:
+        if isinstance(rollout, Mapping):
+            rollout_id, group_id, reward = rollout["rollout_id"], rollout.get("group_id"), rollout.get("reward")
+        else:
+            rollout_id, group_id, reward = rollout.rollout_id, rollout.group_id, rollout.reward
+        spans = spans_by_rollout.get(rollout_id, ())
+        return self.adapter.adapt(spans, rollout_id=rollout_id, group_id=group_id, reward=reward, stats=stats)
+
+    def assign(self, adapted: Sequence[AdaptedRollout], stats: AdapterStats | None = None) -> list[Transition]:
+        """Set `reward` (credit assignment) and `advantage` on the adapted rollouts' transitions; return them all."""
+        return credit_and_advantages(
+            adapted, self.credit, estimator=self.advantage, norm_std=self.norm_std, eps=self.eps, stats=stats
+        )
+
+    def batch(self, transitions: Sequence[Transition], pad_id: int) -> TransitionBatch:
+        """The backend batch of `transitions` (see `TransitionBatch.from_transitions`)."""
+        with paused_gc():
+            return TransitionBatch.from_transitions(transitions, pad_id)
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector: the hot path allocates many containers and makes no
+    cycles, and with a large heap each collection would rescan it (it halves throughput)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def credit_and_advantages(
+    adapted: Sequence[AdaptedRollout],
+    credit: Credit,
+    *,
+    estimator: str = "grpo",
+    norm_std: bool = True,
+    eps: float = 1e-6,
+    stats: AdapterStats | None = None,
+) -> list[Transition]:
+    """Credit assignment and advantages over a batch of adapted rollouts; sets each transition's
+    `reward` and `advantage` in place and returns the transitions in order.
+
+    A rollout without a group id is a group of its own (advantage 0 under every estimator).
+    Per-rollout credit modes (identity, last) feed each rollout's return `R + sum(i_t)` to the
+    estimator and share the result over its transitions (`last`: only its final transition; the
+    others get 0). Per-transition modes (discounted, user functions) feed every transition's reward
+    to the estimator with its rollout's group, pooling the group's transitions (RLOO leaves out the
+    transitions of the same rollout).
+    """
+    active = [a for a in adapted if a.transitions]
+    groups: list[Hashable] = [("rollout", a.rollout_id) if a.group_id is None else a.group_id for a in active]
+    if stats is not None:
+        sizes = Counter(groups)
+        stats.groups += len(sizes)
+        stats.singleton_groups += sum(1 for size in sizes.values() if size == 1)
+    credited = [credit(a.episode_reward, a.intermediate_rewards, a.transitions) for a in active]
+    out: list[Transition] = []
+    if not credit.per_transition:
+        returns = [a.episode_reward + math.fsum(a.intermediate_rewards) for a in active]
+        advantages = compute_advantages(estimator, returns, groups, norm_std=norm_std, eps=eps).tolist()
+        for a, rewards, value in zip(active, credited, advantages, strict=True):
+            last = len(a.transitions) - 1
+            for step, (transition, reward) in enumerate(zip(a.transitions, rewards, strict=True)):
+                fields = transition.__dict__  # set without pydantic's per-assignment overhead
+                fields["reward"] = reward
+                fields["advantage"] = 0.0 if credit.final_only and step != last else value
+                out.append(transition)
+        return out
+    flat_rewards = [reward for rewards in credited for reward in rewards]
+    flat_groups = [group for a, group in zip(active, groups, strict=True) for _ in a.transitions]
+    units = [i for i, a in enumerate(active) for _ in a.transitions]
+    advantages = compute_advantages(
+        estimator, flat_rewards, flat_groups, units=units, norm_std=norm_std, eps=eps
+    ).tolist()
+    for transition, reward, value in zip(
+        (t for a in active for t in a.transitions), flat_rewards, advantages, strict=True
+    ):
+        fields = transition.__dict__
+        fields["reward"] = reward
+        fields["advantage"] = value
+        out.append(transition)
+    return out
