@@ -7,10 +7,14 @@ checker and rewriter in turn, each continuing its own conversation), an agent sp
 and the final reward span. Then, training step by training step (--step-rollouts rollouts, whole
 groups), the timed pipeline runs as the trainer's does:
 
-  read        SqliteStore.rollout_dicts + span_dicts (orjson, no pydantic)
-  adapt       SpanAdapter.adapt per rollout (agent_match, order, rewards attached)
-  advantages  credit assignment + GRPO advantages over the step's groups (LightningRL.assign)
-  batch       TransitionBatch.from_transitions (padded torch tensors)
+  read        SqliteStore.rollout_dicts + span_dicts(arrays=True): no pydantic; LLM spans built from
+              columns, their ids and log-probs numpy arrays over the stored bytes (no JSON);
+              the other spans (agent, tool, reward) parsed with orjson
+  adapt       SpanAdapter.adapt per rollout (agent_match, order, rewards attached; the arrays are
+              kept, sliced or concatenated, never turned into Python ints)
+  advantages  credit assignment + GRPO advantages over the step's groups (LightningRL.assign,
+              numpy over the step)
+  batch       TransitionBatch.from_transitions (one np.concatenate per column, padded torch tensors)
 
 Cases are the adapter modes: `transition` (one transition per LLM call) and `trajectory` (an
 agent's calls merged into one masked sequence). Rows per case: transitions_per_s (transitions made
@@ -57,7 +61,7 @@ async def run_once(
             gc.disable()
         t0 = clock()
         rollouts = await store.rollout_dicts(step)
-        spans = await store.span_dicts(step)
+        spans = await store.span_dicts(step, arrays=True)
         t1 = clock()
         stats = AdapterStats()
         adapted = [

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from alight import semconv
 from alight.store.sqlite import SqliteStore
+from alight.store.sqlite_schema import insert_spans, span_row
 from alight.types import Attempt, AttemptStatus, Rollout, RolloutStatus, Span, SpanKind, SpanStatus, Task
 
 AGENTS = ("writer", "checker", "rewriter")
@@ -133,7 +134,7 @@ def _rollout_rows(rng: random.Random, index: int, group_size: int, calls: int) -
 
 def populate(path: Path, *, rollouts: int, group_size: int, calls: int, seed: int = 0) -> list[str]:
     """Write `rollouts` finished rollouts (groups of `group_size`, `calls` LLM calls each) straight
-    into a new SQLite store at `path`, in its schema; returns their ids in order."""
+    into a new SQLite store at `path`, rows as `SqliteStore.add_spans` writes them; returns their ids in order."""
     asyncio.run(SqliteStore(path).close())  # creates the file and its schema
     rng = random.Random(seed)
     ids: list[str] = []
@@ -150,19 +151,17 @@ def populate(path: Path, *, rollouts: int, group_size: int, calls: int, seed: in
             "INSERT INTO attempts (attempt_id, rollout_id, number, status, data) VALUES (?, ?, ?, ?, ?)",
             (at.attempt_id, ro.rollout_id, at.number, at.status.value, at.model_dump_json()),
         )
-        db.executemany(
-            "INSERT INTO spans (attempt_id, span_id, rollout_id, sequence_id, data) VALUES (?, ?, ?, ?, ?)",
-            [(s.attempt_id, s.span_id, s.rollout_id, s.sequence_id, s.model_dump_json()) for s in spans],
-        )
+        insert_spans(db, [span_row(s, s.sequence_id or 0) for s in spans])
     db.execute("COMMIT")
     db.close()
     return ids
 
 
 def stored_bytes(path: Path) -> int:
-    """Total size of the stored span JSON."""
+    """Total size of the stored spans: JSON and binary ids."""
     db = sqlite3.connect(path)
     try:
-        return int(db.execute("SELECT SUM(LENGTH(data)) FROM spans").fetchone()[0])
+        sizes = "LENGTH(data) + IFNULL(LENGTH(prompt_ids), 0) + IFNULL(LENGTH(response_ids), 0)"
+        return int(db.execute(f"SELECT SUM({sizes} + IFNULL(LENGTH(response_logprobs), 0)) FROM spans").fetchone()[0])
     finally:
         db.close()

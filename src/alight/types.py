@@ -12,9 +12,18 @@ from __future__ import annotations
 import os
 import time
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+#: Token ids (or a 0/1 mask) as transitions may hold them: a list, or a numpy integer array.
+TokenIds: TypeAlias = "list[int] | npt.NDArray[np.integer[Any]]"
+#: Log-probs as transitions may hold them: a list, or a numpy float array.
+LogProbs: TypeAlias = "list[float] | npt.NDArray[np.floating[Any]]"
 
 
 def new_id(prefix: str) -> str:
@@ -215,7 +224,10 @@ class Transition(_Model):
     """One (prompt, response, reward) sample the trainer learns from, cut from an LLM span.
 
     The adapter (`alight.adapters`) makes them; credit assignment sets `reward` and the advantage
-    estimator `advantage` (`alight.algorithms.LightningRL` does both).
+    estimator `advantage` (`alight.algorithms.LightningRL` does both). Validation takes lists; the
+    adapter's transitions (built with `unchecked`) hold the ids, log-probs and mask as it read
+    them: lists, or numpy arrays from the store's bulk read (`SqliteStore.span_dicts(arrays=True)`).
+    `model_dump`/`model_dump_json` give lists either way; compare arrays with numpy, not `==`.
     """
 
     prompt_ids: list[int]
@@ -232,15 +244,19 @@ class Transition(_Model):
     advantage: float | None = None  # set by the advantage estimator; None before
     response_mask: list[int] | None = None  # 1 on model-generated response tokens, 0 on inserted ones; None: all 1
 
+    @field_serializer("prompt_ids", "response_ids", "response_logprobs", "response_mask")
+    def _as_list(self, value: Any) -> Any:
+        return value.tolist() if hasattr(value, "tolist") else value  # numpy arrays dump as lists
+
     @classmethod
     def unchecked(
         cls,
-        prompt_ids: list[int],
-        response_ids: list[int],
+        prompt_ids: TokenIds,
+        response_ids: TokenIds,
         reward: float,
         rollout_id: str,
         *,
-        response_logprobs: list[float] | None = None,
+        response_logprobs: LogProbs | None = None,
         agent_name: str | None = None,
         step_index: int = 0,
         attempt_id: str | None = None,
@@ -248,15 +264,14 @@ class Transition(_Model):
         span_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         advantage: float | None = None,
-        response_mask: list[int] | None = None,
+        response_mask: TokenIds | None = None,
     ) -> Transition:
         """A transition built without validation, about 10x faster than `model_construct`: for the
-        adapter's hot path, whose inputs are already checked. Equal to the validated model."""
-        transition = cls.__new__(cls)
-        _set = object.__setattr__
-        _set(
+        adapter's hot path, whose inputs are already checked; ids, log-probs and mask may be numpy
+        arrays. Equal to the validated model (of the same values as lists)."""
+        transition = _new(cls)
+        _set_dict(
             transition,
-            "__dict__",
             {
                 "prompt_ids": prompt_ids,
                 "response_ids": response_ids,
@@ -274,10 +289,16 @@ class Transition(_Model):
             },
         )
         # Shared: every field counts as set, so pydantic's `fields_set.add` on assignment never changes it.
-        _set(transition, "__pydantic_fields_set__", _TRANSITION_FIELDS)
-        _set(transition, "__pydantic_extra__", None)
-        _set(transition, "__pydantic_private__", None)
+        _set_fields_set(transition, _TRANSITION_FIELDS)
+        _set_extra(transition, None)
+        _set_private(transition, None)
         return transition
 
 
 _TRANSITION_FIELDS = set(Transition.model_fields)
+# BaseModel's slots, set through their descriptors: cheaper than object.__setattr__ on the hot path.
+_new = object.__new__
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__

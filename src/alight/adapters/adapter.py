@@ -1,8 +1,9 @@
 """Spans of one attempt -> an ordered list of transitions (the LightningRL unit: one per LLM call).
 
-Pure over plain data: spans may be `Span` objects or dicts in Span's JSON shape, and nothing here
-touches a store, a model or a clock. The hot path does a few dict lookups per span and builds each
-transition without validation (`Transition.unchecked`).
+Pure over plain data: spans may be `Span` objects or dicts in Span's JSON shape, their token ids
+and log-probs lists or numpy arrays (which transitions then hold as they are, slicing them when
+cut), and nothing here touches a store, a model or a clock. The hot path does a few dict lookups
+per span and builds each transition without validation (`Transition.unchecked`).
 """
 
 from __future__ import annotations
@@ -138,7 +139,14 @@ class SpanAdapter:
                 prompt = attributes.get(LLM_PROMPT_TOKEN_IDS)
                 response = attributes.get(LLM_RESPONSE_TOKEN_IDS)
                 logprobs = attributes.get(LLM_RESPONSE_LOGPROBS)
-                if prompt and response and logprobs is not None and len(logprobs) == len(response):
+                # len(), never truthiness: the ids may be numpy arrays (`SqliteStore.span_dicts(arrays=True)`).
+                if (
+                    prompt is not None
+                    and response is not None
+                    and logprobs is not None
+                    and len(prompt)
+                    and len(logprobs) == len(response) > 0
+                ):
                     calls.append(LLMCall(prompt, response, logprobs, agent, span.get("span_id")))
                 else:
                     call = self._call(span, attributes, agent, stats)
@@ -194,7 +202,7 @@ class SpanAdapter:
             prompt, response = ids
             logprobs = None
             stats.calls_retokenized += 1
-        if not prompt or not response:
+        if not len(prompt) or not len(response):
             stats.calls_skipped_empty += 1
             return None
         if logprobs is None or len(logprobs) != len(response):

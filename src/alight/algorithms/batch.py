@@ -23,7 +23,8 @@ Stored: input_ids, the lengths, old log-probs, per-row advantages and rewards, a
 mask of trajectory rows. `attention_mask`, `position_ids`, `advantages` (and a plain
 `response_mask`) are computed from them on access: cheap, and small once a backend splits the
 batch into micro-batches, so keep the result instead of asking twice. Built with numpy from flat id
-arrays (no per-token Python loop) and handed to torch without a copy.
+arrays (no per-token Python loop; transitions holding numpy arrays are joined with one
+`np.concatenate`) and handed to torch without a copy.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from alight.types import Transition
 
@@ -181,28 +183,22 @@ class TransitionBatch:
         response_real = np.arange(r) < response_lens[:, None]  # [B, R], right padding
 
         input_ids = np.full((b, p + r), pad_id, dtype=np.int64)
-        flat_prompts = np.fromiter(chain.from_iterable(prompts), dtype=np.int64, count=int(prompt_lens.sum()))
-        input_ids[:, :p][prompt_real] = flat_prompts
-        flat_responses = np.fromiter(chain.from_iterable(responses), dtype=np.int64, count=int(response_lens.sum()))
-        input_ids[:, p:][response_real] = flat_responses
+        input_ids[:, :p][prompt_real] = _flat(prompts, np.int64, int(prompt_lens.sum()))
+        input_ids[:, p:][response_real] = _flat(responses, np.int64, int(response_lens.sum()))
 
         loss_mask = None
         if any(mask is not None for mask in masks):
             loss_mask = response_real.astype(np.int64)
             given = np.fromiter((mask is not None for mask in masks), dtype=np.bool_, count=b)
-            loss_mask[response_real & given[:, None]] = np.fromiter(
-                chain.from_iterable(mask for mask in masks if mask is not None),
-                dtype=np.int64,
-                count=int(response_lens[given].sum()),
+            loss_mask[response_real & given[:, None]] = _flat(
+                [mask for mask in masks if mask is not None], np.int64, int(response_lens[given].sum())
             )
 
         has_logprobs = np.fromiter((lp is not None for lp in logprobs), dtype=np.bool_, count=b)
         old_log_probs = np.zeros((b, r), dtype=np.float32)
         if has_logprobs.any():
-            old_log_probs[response_real & has_logprobs[:, None]] = np.fromiter(
-                chain.from_iterable(lp for lp in logprobs if lp is not None),
-                dtype=np.float32,
-                count=int(response_lens[has_logprobs].sum()),
+            old_log_probs[response_real & has_logprobs[:, None]] = _flat(
+                [lp for lp in logprobs if lp is not None], np.float32, int(response_lens[has_logprobs].sum())
             )
             if loss_mask is not None:
                 old_log_probs *= loss_mask  # inserted (masked) tokens carry no log-prob
@@ -272,3 +268,10 @@ class TransitionBatch:
     def __repr__(self) -> str:
         shape = f"prompt_length={self.prompt_length}, response_length={self.response_length}"
         return f"TransitionBatch(rows={len(self)}, {shape})"
+
+
+def _flat(column: Sequence[Any], dtype: type[np.generic], count: int) -> npt.NDArray[Any]:
+    """The sequences of `column` (lists or numpy arrays) one after another, as one array of `dtype`."""
+    if column and set(map(type, column)) == {np.ndarray}:  # the store's arrays: one C-level copy
+        return np.concatenate(column).astype(dtype, copy=False)
+    return np.fromiter(chain.from_iterable(column), dtype=dtype, count=count)

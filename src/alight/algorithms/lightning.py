@@ -20,10 +20,13 @@ import gc
 import math
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from itertools import chain
 from typing import Any
 
+import numpy as np
+
 from alight.adapters import AdaptedRollout, AdapterStats, SpanAdapter, SpanLike
-from alight.algorithms.advantages import ESTIMATORS, compute_advantages
+from alight.algorithms.advantages import ESTIMATORS, compute_advantages, group_index
 from alight.algorithms.air import parse_air_rules
 from alight.algorithms.batch import TransitionBatch
 from alight.algorithms.credit import Credit, make_credit
@@ -157,30 +160,31 @@ def credit_and_advantages(
         sizes = Counter(groups)
         stats.groups += len(sizes)
         stats.singleton_groups += sum(1 for size in sizes.values() if size == 1)
-    credited = [credit(a.episode_reward, a.intermediate_rewards, a.transitions) for a in active]
-    out: list[Transition] = []
-    if not credit.per_transition:
-        returns = [a.episode_reward + math.fsum(a.intermediate_rewards) for a in active]
-        advantages = compute_advantages(estimator, returns, groups, norm_std=norm_std, eps=eps).tolist()
-        for a, rewards, value in zip(active, credited, advantages, strict=True):
-            last = len(a.transitions) - 1
-            for step, (transition, reward) in enumerate(zip(a.transitions, rewards, strict=True)):
-                fields = transition.__dict__  # set without pydantic's per-assignment overhead
-                fields["reward"] = reward
-                fields["advantage"] = 0.0 if credit.final_only and step != last else value
-                out.append(transition)
-        return out
-    flat_rewards = [reward for rewards in credited for reward in rewards]
-    flat_groups = [group for a, group in zip(active, groups, strict=True) for _ in a.transitions]
-    units = [i for i, a in enumerate(active) for _ in a.transitions]
-    advantages = compute_advantages(
-        estimator, flat_rewards, flat_groups, units=units, norm_std=norm_std, eps=eps
-    ).tolist()
-    for transition, reward, value in zip(
-        (t for a in active for t in a.transitions), flat_rewards, advantages, strict=True
-    ):
-        fields = transition.__dict__
+    if not active:
+        return []
+    # Vectorised over the batch: per-rollout values are spread over transitions with np.repeat.
+    counts = np.fromiter((len(a.transitions) for a in active), dtype=np.int64, count=len(active))
+    transitions = [t for a in active for t in a.transitions]
+    if not credit.per_transition:  # identity, last: one return per rollout, its advantage shared
+        returns = np.fromiter(
+            (a.episode_reward + math.fsum(a.intermediate_rewards) for a in active), dtype=np.float64, count=len(active)
+        )
+        advantages = compute_advantages(estimator, returns, groups, norm_std=norm_std, eps=eps)
+        rewards, values = np.repeat(returns, counts), np.repeat(advantages, counts)
+        if credit.final_only:  # only each rollout's final transition gets the return and the advantage
+            final = np.zeros(len(transitions), dtype=np.bool_)
+            final[np.cumsum(counts) - 1] = True
+            rewards, values = np.where(final, rewards, 0.0), np.where(final, values, 0.0)
+    else:  # discounted, user functions: one reward per transition, groups pooled over transitions
+        credited = [credit(a.episode_reward, a.intermediate_rewards, a.transitions) for a in active]
+        rewards = np.fromiter(chain.from_iterable(credited), dtype=np.float64, count=len(transitions))
+        group_numbers, _ = group_index(groups)
+        units = np.repeat(np.arange(len(active)), counts).tolist()
+        values = compute_advantages(
+            estimator, rewards, np.repeat(group_numbers, counts).tolist(), units=units, norm_std=norm_std, eps=eps
+        )
+    for transition, reward, value in zip(transitions, rewards.tolist(), values.tolist(), strict=True):
+        fields = transition.__dict__  # set without pydantic's per-assignment overhead
         fields["reward"] = reward
         fields["advantage"] = value
-        out.append(transition)
-    return out
+    return transitions

@@ -113,15 +113,20 @@ def transition_row(t: Transition) -> dict[str, Any]:
         "calls": calls,
         "prompt_length": len(t.prompt_ids),
         "response_length": len(t.response_ids),
-        "trained_tokens": len(t.response_ids) if t.response_mask is None else sum(t.response_mask),
+        "trained_tokens": len(t.response_ids) if t.response_mask is None else int(sum(t.response_mask)),
         "has_logprobs": t.response_logprobs is not None,
         "reward": t.reward,
         "advantage": t.advantage,
-        "prompt_ids": t.prompt_ids,
-        "response_ids": t.response_ids,
-        "response_mask": t.response_mask,
+        "prompt_ids": _as_list(t.prompt_ids),
+        "response_ids": _as_list(t.response_ids),
+        "response_mask": _as_list(t.response_mask),
         "span_ids": t.metadata.get("span_ids", [t.span_id]) if t.metadata else [t.span_id],
     }
+
+
+def _as_list(ids: Any) -> Any:
+    """Ids as JSON can hold them: a transition may carry numpy arrays (the store's bulk read)."""
+    return ids.tolist() if hasattr(ids, "tolist") else ids
 
 
 _COLUMNS = ("step", "agent", "span", "calls", "prompt", "response", "trained", "logprobs", "reward", "advantage")

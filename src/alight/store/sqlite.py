@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import gc
 import logging
 import os
 import sqlite3
@@ -25,8 +24,9 @@ from typing import Any, Literal
 import orjson
 
 from alight.errors import NotFoundError, StoreError
-from alight.store import lifecycle
+from alight.store import lifecycle, sqlite_bulk
 from alight.store.base import EndSignal, Store, all_status_counts, wait_until_ended
+from alight.store.sqlite_schema import SCHEMA, check_schema, insert_spans, restore_attributes, span_row
 from alight.types import (
     Attempt,
     AttemptStatus,
@@ -42,55 +42,6 @@ from alight.types import (
 )
 
 logger = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 1
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS rollouts (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    rollout_id TEXT NOT NULL UNIQUE,
-    status TEXT NOT NULL,
-    mode TEXT NOT NULL,
-    group_id TEXT,
-    data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS rollouts_by_status ON rollouts (status, seq);
-CREATE INDEX IF NOT EXISTS rollouts_by_group ON rollouts (group_id);
-CREATE TABLE IF NOT EXISTS attempts (
-    attempt_id TEXT PRIMARY KEY,
-    rollout_id TEXT NOT NULL,
-    number INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    data TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS attempts_by_rollout ON attempts (rollout_id, number);
-CREATE INDEX IF NOT EXISTS attempts_live ON attempts (status) WHERE status IN ('preparing', 'running');
-CREATE TABLE IF NOT EXISTS spans (
-    attempt_id TEXT NOT NULL,
-    span_id TEXT NOT NULL,
-    rollout_id TEXT NOT NULL,
-    sequence_id INTEGER NOT NULL,
-    data TEXT NOT NULL,
-    PRIMARY KEY (attempt_id, span_id)
-);
-CREATE INDEX IF NOT EXISTS spans_in_order ON spans (attempt_id, sequence_id);
-CREATE TABLE IF NOT EXISTS resources (version INTEGER PRIMARY KEY, data TEXT NOT NULL);
-"""
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC: decoding JSON allocates millions of containers and no cycle, and the
-    collections it would trigger (rescanning every live object) double the time of a bulk read."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
 
 _LIVE = (AttemptStatus.PREPARING.value, AttemptStatus.RUNNING.value)
 _TERMINAL = tuple(s.value for s in RolloutStatus if s.is_terminal)
@@ -115,12 +66,12 @@ class SqliteStore(Store):
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
-            self._db.executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")
+            self._db.executescript(f"BEGIN IMMEDIATE; {SCHEMA} COMMIT;")
             self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         except (OSError, sqlite3.Error) as err:
             raise StoreError(f"cannot open store {self.path}: {err}") from None
-        with self._write():
-            self._check_schema()
+        with self._write() as db:
+            check_schema(db, self.path)
         self._recover_if_first()
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -134,13 +85,6 @@ class SqliteStore(Store):
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
-
-    def _check_schema(self) -> None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None:
-            self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) != SCHEMA_VERSION:
-            raise StoreError(f"store {self.path} has schema version {row[0]}, this alight reads {SCHEMA_VERSION}")
 
     def _recover_if_first(self) -> None:
         try:
@@ -298,13 +242,9 @@ class SqliteStore(Store):
                 # The sequence_id column is authoritative; the JSON keeps what the caller sent.
                 seq = span.sequence_id if span.sequence_id is not None else last_seq[span.attempt_id] + 1
                 last_seq[span.attempt_id] = max(last_seq[span.attempt_id], seq)
-                rows.append((span.attempt_id, span.span_id, span.rollout_id, seq, span.model_dump_json()))
+                rows.append(span_row(span, seq))
             before = db.total_changes
-            db.executemany(
-                "INSERT OR IGNORE INTO spans (attempt_id, span_id, rollout_id, sequence_id, data)"
-                " VALUES (?, ?, ?, ?, ?)",
-                rows,
-            )
+            insert_spans(db, rows)
             return db.total_changes - before
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
@@ -327,84 +267,39 @@ class SqliteStore(Store):
         spans: list[Span] = []
         for aid in chosen:
             rows = self._db.execute(
-                "SELECT sequence_id, data FROM spans WHERE attempt_id = ? ORDER BY sequence_id", (aid,)
+                "SELECT sequence_id, data, prompt_ids, response_ids, response_logprobs FROM spans"
+                " WHERE attempt_id = ? ORDER BY sequence_id",
+                (aid,),
             )
-            for seq, data in rows:
+            for seq, data, *blobs in rows:
                 span = Span.model_validate_json(data)
                 span.sequence_id = seq
+                if blobs != [None, None, None]:
+                    restore_attributes(span.attributes, tuple(blobs))
                 spans.append(span)
         return spans
 
     async def span_dicts(
-        self, rollout_ids: Sequence[str], *, all_attempts: bool = False
+        self, rollout_ids: Sequence[str], *, all_attempts: bool = False, arrays: bool = False
     ) -> dict[str, list[dict[str, Any]]]:
         """The spans of many rollouts as plain dicts (the stored JSON, `sequence_id` from its column),
         keyed by rollout id in the order given, each list ordered as `query_spans` orders it: the
         latest attempt's spans, or with `all_attempts` every attempt's, first attempt first.
 
         Two queries whatever the number of rollouts and no pydantic: the trainer's bulk read.
-        Raises NotFoundError for an unknown rollout; a rollout never claimed has no spans."""
-        ids = list(dict.fromkeys(rollout_ids))
-        if not ids:
-            return {}
-        ids_json = orjson.dumps(ids).decode()
-        attempts = self._db.execute(
-            "SELECT rollout_id, attempt_id FROM attempts WHERE rollout_id IN (SELECT value FROM json_each(?))"
-            " ORDER BY rollout_id, number",
-            (ids_json,),
-        ).fetchall()
-        chosen: dict[str, list[str]] = {}
-        for rollout_id, attempt_id in attempts:
-            chosen.setdefault(rollout_id, []).append(attempt_id)
-        if len(chosen) < len(ids):
-            self._check_rollouts_exist([i for i in ids if i not in chosen])
-        if not all_attempts:
-            chosen = {rid: aids[-1:] for rid, aids in chosen.items()}
-        by_attempt: dict[str, list[dict[str, Any]]] = {aid: [] for aids in chosen.values() for aid in aids}
-        rows = self._db.execute(
-            "SELECT attempt_id, sequence_id, data FROM spans WHERE attempt_id IN (SELECT value FROM json_each(?))"
-            " ORDER BY attempt_id, sequence_id",
-            (orjson.dumps(list(by_attempt)).decode(),),
-        )
-        loads = orjson.loads
-        with _gc_paused():
-            for attempt_id, seq, data in rows:
-                span = loads(data)
-                span["sequence_id"] = seq
-                by_attempt[attempt_id].append(span)
-        out: dict[str, list[dict[str, Any]]] = {}
-        for rollout_id in ids:
-            aids = chosen.get(rollout_id, ())
-            out[rollout_id] = by_attempt[aids[0]] if len(aids) == 1 else [s for a in aids for s in by_attempt[a]]
-        return out
+        With `arrays`, token ids and log-probs held in binary come back as read-only numpy arrays
+        (int32 ids, float64 log-probs) instead of lists, and an LLM span holding all three in binary
+        is a lean dict built from columns: rollout_id, attempt_id, sequence_id, span_id, parent_id,
+        kind, start_time, and attributes with only the agent name (when set) and the three arrays
+        (what the adapter reads); the other spans are complete. Raises NotFoundError for an unknown rollout; a
+        rollout never claimed has no spans."""
+        return sqlite_bulk.span_dicts(self._db, rollout_ids, all_attempts=all_attempts, arrays=arrays)
 
     async def rollout_dicts(self, rollout_ids: Sequence[str]) -> list[dict[str, Any]]:
         """The stored rollouts as plain dicts (Rollout's JSON shape), in the order given, in one
         query and without pydantic: with `span_dicts`, what the adapter reads. NotFoundError for an
         unknown rollout."""
-        ids = list(dict.fromkeys(rollout_ids))
-        rows = self._db.execute(
-            "SELECT rollout_id, data FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
-            (orjson.dumps(ids).decode(),),
-        )
-        found = {rollout_id: data for rollout_id, data in rows}
-        if len(found) < len(ids):
-            self._check_rollouts_exist(ids)
-        loads = orjson.loads
-        with _gc_paused():
-            return [loads(found[rollout_id]) for rollout_id in ids]
-
-    def _check_rollouts_exist(self, rollout_ids: Sequence[str]) -> None:
-        known = {
-            r[0]
-            for r in self._db.execute(
-                "SELECT rollout_id FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
-                (orjson.dumps(list(rollout_ids)).decode(),),
-            )
-        }
-        missing = [i for i in rollout_ids if i not in known]
-        if missing:
-            raise NotFoundError(f"unknown rollout {missing[0]!r}")
+        return sqlite_bulk.rollout_dicts(self._db, rollout_ids)
 
     # -- reading ----------------------------------------------------------------------------
     async def get_rollout(self, rollout_id: str) -> Rollout:
