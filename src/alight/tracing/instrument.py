@@ -1,13 +1,24 @@
-"""`instrument_all`: hook every supported library that is installed, once per process."""
+"""`instrument_all`: hook every supported library that is installed, once per process.
+
+A library already imported is hooked at once. One not imported yet is hooked right after its
+first import (a post-import hook on `sys.meta_path`), so a runner process whose agent never uses
+LangChain or the Agents SDK does not pay seconds importing them at start-up.
+"""
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import logging
+import sys
 import threading
+from collections.abc import Callable, Sequence
+from types import ModuleType
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
+_pending: dict[str, Callable[[], bool]] = {}  # module name -> its instrumentation, run after its import
 
 
 def _installed(module: str) -> bool:
@@ -17,27 +28,90 @@ def _installed(module: str) -> bool:
         return False
 
 
+def _instrument_openai() -> bool:
+    from alight.tracing.openai_sdk import instrument_openai
+
+    return instrument_openai()
+
+
+def _instrument_langchain() -> bool:
+    from alight.tracing.langchain import instrument_langchain
+
+    return instrument_langchain()
+
+
+def _instrument_agents() -> bool:
+    try:
+        from alight.tracing.openai_agents import instrument_openai_agents
+    except ImportError as err:  # another package named `agents`
+        logger.debug("not instrumenting the OpenAI Agents SDK: %s", err)
+        return False
+    return instrument_openai_agents()
+
+
+#: (module whose import triggers it, label, instrumentation)
+_LIBRARIES: tuple[tuple[str, str, Callable[[], bool]], ...] = (
+    ("openai", "openai", _instrument_openai),
+    ("langchain_core", "langchain", _instrument_langchain),
+    ("agents", "openai-agents", _instrument_agents),
+)
+
+
+def _run(module: str, hook: Callable[[], bool]) -> bool:
+    try:
+        return hook()
+    except Exception:  # instrumentation must never break the agent's own import
+        logger.exception("alight could not instrument %s", module)
+        return False
+
+
+class _PostImportHooks(importlib.abc.MetaPathFinder):
+    """Runs a library's instrumentation right after the library's first import."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _pending:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if loader is None or exec_module is None:
+            return spec
+
+        def exec_then_instrument(module: ModuleType) -> None:
+            exec_module(module)
+            hook = _pending.pop(fullname, None)
+            if hook is not None and _run(fullname, hook):
+                logger.debug("alight instrumented %s on import", fullname)
+
+        loader.exec_module = exec_then_instrument  # type: ignore[method-assign]
+        return spec
+
+
+_hooks = _PostImportHooks()
+
+
 def instrument_all() -> list[str]:
-    """Instrument openai, LangChain and the OpenAI Agents SDK where installed; returns their names."""
+    """Instrument openai, LangChain and the OpenAI Agents SDK where installed: at once when
+    imported, else on their first import. Returns what was instrumented now or will be."""
     done: list[str] = []
     with _lock:
-        if _installed("openai"):
-            from alight.tracing.openai_sdk import instrument_openai
-
-            if instrument_openai():
-                done.append("openai")
-        if _installed("langchain_core"):
-            from alight.tracing.langchain import instrument_langchain
-
-            if instrument_langchain():
-                done.append("langchain")
-        if _installed("agents") and _installed("openai"):
-            try:
-                from alight.tracing.openai_agents import instrument_openai_agents
-            except ImportError as err:  # another package named `agents`
-                logger.debug("not instrumenting the OpenAI Agents SDK: %s", err)
-            else:
-                if instrument_openai_agents():
-                    done.append("openai-agents")
+        for module, label, hook in _LIBRARIES:
+            if module in sys.modules:
+                if _run(module, hook):
+                    done.append(label)
+            elif module not in _pending and _installed(module):
+                _pending[module] = hook
+                done.append(f"{label} (on import)")
+        if _pending and _hooks not in sys.meta_path:
+            sys.meta_path.insert(0, _hooks)
     logger.debug("alight instrumented: %s", ", ".join(done) or "nothing")
     return done

@@ -9,9 +9,7 @@ configure hook, so every runnable invoked inside an attempt uses it without bein
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 from uuid import UUID
@@ -33,7 +31,6 @@ from alight.types import SpanKind, SpanStatus
 
 logger = logging.getLogger(__name__)
 
-_HANDLER: ContextVar[BaseCallbackHandler | None] = ContextVar("alight_langchain_handler", default=None)
 _installed = False
 
 
@@ -183,15 +180,6 @@ def shared_handler() -> AlightCallbackHandler:
     return _shared
 
 
-@contextlib.contextmanager
-def _activate() -> Iterator[None]:
-    token = _HANDLER.set(shared_handler())
-    try:
-        yield
-    finally:
-        _HANDLER.reset(token)
-
-
 def instrument_langchain() -> bool:
     """Make LangChain use the handler for every run inside an attempt; False without langchain."""
     global _installed
@@ -199,9 +187,10 @@ def instrument_langchain() -> bool:
         return True
     from langchain_core.tracers.context import register_configure_hook
 
-    from alight.tracing.base import ATTEMPT_HOOKS
-
-    register_configure_hook(_HANDLER, inheritable=True)
-    ATTEMPT_HOOKS.append(_activate)
+    # The variable's default is the handler, so every run in every context gets it (also in an
+    # attempt that began before LangChain was first imported); outside attempts it does nothing.
+    handler = shared_handler()  # one process-wide object, shared on purpose
+    always: ContextVar[BaseCallbackHandler | None] = ContextVar("alight_langchain_handler", default=handler)
+    register_configure_hook(always, inheritable=True)
     _installed = True
     return True
