@@ -50,11 +50,14 @@ def run_dev_command(
 
 def print_results(console: Console, results: list[DevResult]) -> None:
     table = Table(title="alight dev", title_justify="left")
-    for column in ("rollout", "task", "status", "reward", "LLM calls", "tool calls", "duration", "error"):
+    for column in ("rollout", "task", "status", "reward", "LLM calls", "tool calls", "time", "error"):
+        # Ids, statuses and numbers stay whole on one line; the task is cut short; errors wrap.
         table.add_column(
             column,
-            overflow="fold" if column in ("error", "task") else "ellipsis",
-            no_wrap=column in ("rollout", "status"),
+            no_wrap=column != "error",
+            overflow="fold" if column == "error" else "ellipsis",
+            max_width=28 if column == "task" else None,
+            min_width=len(column) if column not in ("task", "error") else None,
         )
     for r in results:
         style = "green" if r.status == "succeeded" else "red"
