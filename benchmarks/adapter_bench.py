@@ -16,15 +16,20 @@ groups), the timed pipeline runs as the trainer's does:
               numpy over the step)
   batch       TransitionBatch.from_transitions (one np.concatenate per column, padded torch tensors)
 
-Cases are the adapter modes: `transition` (one transition per LLM call) and `trajectory` (an
-agent's calls merged into one masked sequence). Rows per case: transitions_per_s (transitions made
+Cases: `transition` (one transition per LLM call) through the columnar fast path
+(`LightningRL.batch_from_store`: `SqliteStore.llm_columns` reads every LLM call of the step as flat
+numpy arrays, then agent_match, truncation, credit, advantages and the batch are numpy over the
+whole step, no Python object per span or transition; its split is read_s and build_s), the same
+mode through the object path above (`transition_objects`), and `trajectory` (an agent's calls
+merged into one masked sequence; object path). Rows per case: transitions_per_s (transitions made
 / total seconds), calls_per_s (LLM calls adapted / total seconds, comparable across modes) and the
 split read_s, adapt_s, advantages_s, batch_s, total_s (seconds for all rollouts). Each value is the
 median of --repeat runs. The cyclic GC is paused during each step, as the trainer should do (the
 pipeline allocates millions of objects and no cycle; the collections cost about 2x): --keep-gc
 measures with it on.
 
-Usage: python benchmarks/adapter_bench.py [--json] [--repeat 3] [--rollouts 10000] [--cases transition,trajectory]
+Usage: python benchmarks/adapter_bench.py [--json] [--repeat 3] [--rollouts 10000]
+       [--cases transition,transition_objects,trajectory]
 """
 
 from __future__ import annotations
@@ -46,6 +51,32 @@ from alight.store.sqlite import SqliteStore
 from bench_report import arguments, emit, median_row
 
 PHASES = ("read", "adapt", "advantages", "batch")
+COLUMNAR_PHASES = ("read", "build")
+
+
+async def run_columnar(
+    store: SqliteStore, ids: list[str], rl: LightningRL, step_rollouts: int, pause_gc: bool = True
+) -> dict[str, float]:
+    """`run_once` through `LightningRL.batch_from_store`'s two halves: the columnar read, then the build."""
+    clock = time.perf_counter
+    spent = dict.fromkeys(COLUMNAR_PHASES, 0.0)
+    transitions = calls = 0
+    for start in range(0, len(ids), step_rollouts):
+        step = ids[start : start + step_rollouts]
+        if pause_gc:
+            gc.disable()
+        t0 = clock()
+        columns = await store.llm_columns(step)
+        t1 = clock()
+        batch, stats = await rl.batch_from_columns(store, columns, pad_id=0)
+        t2 = clock()
+        gc.enable()
+        assert batch is not None and len(batch) == stats.transitions
+        spent["read"] += t1 - t0
+        spent["build"] += t2 - t1
+        transitions += stats.transitions
+        calls += stats.calls_kept
+    return {**spent, "total": sum(spent.values()), "transitions": transitions, "calls": calls}
 
 
 async def run_once(
@@ -88,15 +119,17 @@ async def run_once(
     return {**spent, "total": sum(spent.values()), "transitions": transitions, "calls": calls}
 
 
-def measure(path: Path, ids: list[str], mode: str, args: Any) -> list[dict[str, float]]:
+def measure(path: Path, ids: list[str], case: str, args: Any) -> list[dict[str, float]]:
+    mode = "transition" if case == "transition_objects" else case
     rl = LightningRL.from_config(
         AdapterConfig(agent_match=args.agent_match, mode=mode, credit=args.credit), AlgorithmConfig(advantage="grpo")
     )
+    run = run_columnar if case == "transition" else run_once
 
     async def runs() -> list[dict[str, float]]:
         async with SqliteStore(path) as store:
-            await run_once(store, ids[: args.step_rollouts], rl, args.step_rollouts)  # warm-up: imports, caches
-            return [await run_once(store, ids, rl, args.step_rollouts, not args.keep_gc) for _ in range(args.repeat)]
+            await run(store, ids[: args.step_rollouts], rl, args.step_rollouts)  # warm-up: imports, caches
+            return [await run(store, ids, rl, args.step_rollouts, not args.keep_gc) for _ in range(args.repeat)]
 
     return asyncio.run(runs())
 
@@ -106,13 +139,14 @@ def rows(case: str, runs: list[dict[str, float]], show: bool) -> list[dict[str, 
         median_row(case, "transitions_per_s", [r["transitions"] / r["total"] for r in runs], show_runs=show),
         median_row(case, "calls_per_s", [r["calls"] / r["total"] for r in runs], show_runs=show),
     ]
-    for phase in (*PHASES, "total"):
+    phases = COLUMNAR_PHASES if case == "transition" else PHASES
+    for phase in (*phases, "total"):
         out.append(median_row(case, f"{phase}_s", [r[phase] for r in runs], digits=3, show_runs=show))
     return out
 
 
 def main() -> None:
-    parser = arguments(__doc__, cases="transition,trajectory", repeat=3)
+    parser = arguments(__doc__, cases="transition,transition_objects,trajectory", repeat=3)
     parser.add_argument("--rollouts", type=int, default=10_000, help="rollouts in the store")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per task (GRPO group)")
     parser.add_argument("--calls", type=int, default=5, help="LLM calls per rollout")

@@ -165,8 +165,6 @@ class TransitionBatch:
         Raises:
             ValueError: no transitions, or a transition with an empty prompt or response.
         """
-        import torch
-
         b = len(transitions)
         if b == 0:
             raise ValueError("a TransitionBatch needs at least one transition")
@@ -178,40 +176,83 @@ class TransitionBatch:
         response_lens = np.fromiter(map(len, responses), dtype=np.int64, count=b)
         if prompt_lens.min() == 0 or response_lens.min() == 0:
             raise ValueError("every transition needs a non-empty prompt and response")
-        p, r = int(prompt_lens.max()), int(response_lens.max())
-        prompt_real = np.arange(p) >= (p - prompt_lens)[:, None]  # [B, P], left padding
-        response_real = np.arange(r) < response_lens[:, None]  # [B, R], right padding
-
-        input_ids = np.full((b, p + r), pad_id, dtype=np.int64)
-        input_ids[:, :p][prompt_real] = _flat(prompts, np.int64, int(prompt_lens.sum()))
-        input_ids[:, p:][response_real] = _flat(responses, np.int64, int(response_lens.sum()))
-
-        loss_mask = None
-        if any(mask is not None for mask in masks):
-            loss_mask = response_real.astype(np.int64)
-            given = np.fromiter((mask is not None for mask in masks), dtype=np.bool_, count=b)
-            loss_mask[response_real & given[:, None]] = _flat(
-                [mask for mask in masks if mask is not None], np.int64, int(response_lens[given].sum())
-            )
-
         has_logprobs = np.fromiter((lp is not None for lp in logprobs), dtype=np.bool_, count=b)
-        old_log_probs = np.zeros((b, r), dtype=np.float32)
-        if has_logprobs.any():
-            old_log_probs[response_real & has_logprobs[:, None]] = _flat(
+        given = np.fromiter((mask is not None for mask in masks), dtype=np.bool_, count=b)
+        return cls.from_flat(
+            prompt_ids=_flat(prompts, np.int64, int(prompt_lens.sum())),
+            prompt_lengths=prompt_lens,
+            response_ids=_flat(responses, np.int64, int(response_lens.sum())),
+            response_lengths=response_lens,
+            logprobs=_flat(
                 [lp for lp in logprobs if lp is not None], np.float32, int(response_lens[has_logprobs].sum())
             )
+            if has_logprobs.any()
+            else None,
+            has_logprobs=has_logprobs,
+            masks=_flat([m for m in masks if m is not None], np.int64, int(response_lens[given].sum()))
+            if given.any()
+            else None,
+            has_mask=given,
+            row_advantages=[0.0 if a is None else a for a in advantages],
+            rewards=list(rewards),
+            meta={key: list(column) for key, column in zip(META_KEYS, meta_columns, strict=True)},
+            pad_id=pad_id,
+        )
+
+    @classmethod
+    def from_flat(
+        cls,
+        *,
+        prompt_ids: npt.NDArray[Any],
+        prompt_lengths: npt.NDArray[np.int64],
+        response_ids: npt.NDArray[Any],
+        response_lengths: npt.NDArray[np.int64],
+        logprobs: npt.NDArray[Any] | None,
+        has_logprobs: npt.NDArray[np.bool_],
+        row_advantages: Sequence[float] | npt.NDArray[np.float64],
+        rewards: Sequence[float] | npt.NDArray[np.float64],
+        meta: dict[str, list[Any]],
+        pad_id: int,
+        masks: npt.NDArray[Any] | None = None,
+        has_mask: npt.NDArray[np.bool_] | None = None,
+    ) -> TransitionBatch:
+        """A batch from columns: B rows whose prompts (and responses) lie one after another in the
+        flat `prompt_ids` (`response_ids`) with the given lengths; `logprobs` (`masks`) hold the
+        log-probs (loss masks) of the rows marked in `has_logprobs` (`has_mask`) one after another.
+        The same batch `from_transitions` makes of the same rows; lengths must be at least 1."""
+        import torch
+
+        b = len(prompt_lengths)
+        if b == 0:
+            raise ValueError("a TransitionBatch needs at least one transition")
+        p, r = int(prompt_lengths.max()), int(response_lengths.max())
+        prompt_real = np.arange(p) >= (p - prompt_lengths)[:, None]  # [B, P], left padding
+        response_real = np.arange(r) < response_lengths[:, None]  # [B, R], right padding
+
+        input_ids = np.full((b, p + r), pad_id, dtype=np.int64)
+        input_ids[:, :p][prompt_real] = prompt_ids
+        input_ids[:, p:][response_real] = response_ids
+
+        loss_mask = None
+        if masks is not None and has_mask is not None:
+            loss_mask = response_real.astype(np.int64)
+            loss_mask[response_real & has_mask[:, None]] = masks
+
+        old_log_probs = np.zeros((b, r), dtype=np.float32)
+        if logprobs is not None:
+            old_log_probs[response_real & has_logprobs[:, None]] = logprobs
             if loss_mask is not None:
                 old_log_probs *= loss_mask  # inserted (masked) tokens carry no log-prob
 
         return cls(
             input_ids=torch.from_numpy(input_ids),
-            prompt_lengths=torch.from_numpy(prompt_lens),
-            response_lengths=torch.from_numpy(response_lens),
+            prompt_lengths=torch.from_numpy(np.ascontiguousarray(prompt_lengths, dtype=np.int64)),
+            response_lengths=torch.from_numpy(np.ascontiguousarray(response_lengths, dtype=np.int64)),
             old_log_probs=torch.from_numpy(old_log_probs),
-            has_old_log_probs=torch.from_numpy(has_logprobs),
-            row_advantages=torch.tensor([0.0 if a is None else a for a in advantages], dtype=torch.float32),
-            rewards=torch.tensor(rewards, dtype=torch.float32),
-            meta={key: list(column) for key, column in zip(META_KEYS, meta_columns, strict=True)},
+            has_old_log_probs=torch.from_numpy(np.ascontiguousarray(has_logprobs, dtype=np.bool_)),
+            row_advantages=_float32(row_advantages),
+            rewards=_float32(rewards),
+            meta=meta,
             pad_id=pad_id,
             loss_mask=None if loss_mask is None else torch.from_numpy(loss_mask),
         )
@@ -268,6 +309,15 @@ class TransitionBatch:
     def __repr__(self) -> str:
         shape = f"prompt_length={self.prompt_length}, response_length={self.response_length}"
         return f"TransitionBatch(rows={len(self)}, {shape})"
+
+
+def _float32(values: Sequence[float] | npt.NDArray[np.float64]) -> torch.Tensor:
+    """Values as a float32 tensor: lists as `torch.tensor` converts them, arrays rounded alike."""
+    import torch
+
+    if isinstance(values, np.ndarray):
+        return torch.from_numpy(values.astype(np.float32))
+    return torch.tensor(values, dtype=torch.float32)
 
 
 def _flat(column: Sequence[Any], dtype: type[np.generic], count: int) -> npt.NDArray[Any]:

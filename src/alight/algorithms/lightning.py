@@ -26,12 +26,14 @@ from typing import Any
 import numpy as np
 
 from alight.adapters import AdaptedRollout, AdapterStats, SpanAdapter, SpanLike
+from alight.algorithms import columnar
 from alight.algorithms.advantages import ESTIMATORS, compute_advantages, group_index
 from alight.algorithms.air import parse_air_rules
 from alight.algorithms.batch import TransitionBatch
 from alight.algorithms.credit import Credit, make_credit
 from alight.config.schema import AdapterConfig, AlgorithmConfig
 from alight.errors import ConfigError
+from alight.store.sqlite_columns import LLMColumns
 from alight.types import Rollout, Transition
 
 
@@ -120,6 +122,99 @@ class LightningRL:
         """The backend batch of `transitions` (see `TransitionBatch.from_transitions`)."""
         with paused_gc():
             return TransitionBatch.from_transitions(transitions, pad_id)
+
+    @property
+    def columnar(self) -> bool:
+        """Whether `batch_from_store` can build this pipeline's batch as columns (transition mode,
+        a built-in credit mode); otherwise it adapts every rollout as objects."""
+        return self.adapter.mode == "transition" and self.credit.user_fn is None
+
+    async def batch_from_store(
+        self, store: Any, rollout_ids: Sequence[str], pad_id: int
+    ) -> tuple[TransitionBatch | None, AdapterStats]:
+        """The batch of the stored rollouts' latest attempts (None: no transition) and the adapter's counts.
+
+        `store` is any `Store`. The same batch and counts as `adapt_rollouts` then `batch` over
+        `store.rollout_dicts(ids)` and `store.span_dicts(ids, arrays=True)`; from a store with
+        `llm_columns` (`SqliteStore`) and when `columnar` holds, built from its columns with numpy
+        over every call at once (`alight.algorithms.columnar`), rollouts the columns cannot
+        describe being adapted as objects. Duplicate ids count once.
+        """
+        ids = list(dict.fromkeys(rollout_ids))
+        if not (self.columnar and hasattr(store, "llm_columns")):
+            if hasattr(store, "span_dicts"):
+                rollouts, spans = await store.rollout_dicts(ids), await store.span_dicts(ids, arrays=True)
+            else:  # any `Store`: one rollout at a time
+                rollouts = [await store.get_rollout(i) for i in ids]
+                spans = {i: await store.query_spans(i) for i in ids}
+            transitions, stats = self.adapt_rollouts(rollouts, spans)
+            return (self.batch(transitions, pad_id) if transitions else None), stats
+        with paused_gc():
+            columns = await store.llm_columns(ids, tool_spans=self.adapter.tool_reward is not None)
+            return await self.batch_from_columns(store, columns, pad_id)
+
+    async def batch_from_columns(
+        self, store: Any, cols: LLMColumns, pad_id: int
+    ) -> tuple[TransitionBatch | None, AdapterStats]:
+        """`batch_from_store` once the columns are read (`store` serves the rollouts adapted as objects)."""
+        stats = AdapterStats()
+        fast, own = columnar.fast_rollouts(self.adapter, cols)
+        rows, episode = columnar.fast_rows(self.adapter, cols, fast, own, stats)
+        sums = np.zeros(len(cols.rollout_ids), dtype=np.float64)
+        slow = np.flatnonzero(~fast).tolist()
+        if slow:
+            spans = await store.span_dicts([cols.rollout_ids[i] for i in slow], arrays=True)
+            adapted = []
+            for i in slow:
+                rollout_id = cols.rollout_ids[i]
+                one = self.adapter.adapt(
+                    spans[rollout_id],
+                    rollout_id=rollout_id,
+                    group_id=cols.group_ids[i],
+                    reward=cols.rewards[i],
+                    stats=stats,
+                )
+                episode[i], sums[i] = one.episode_reward, math.fsum(one.intermediate_rewards)
+                adapted.append((i, one))
+            rows = columnar.merge_rows(rows, columnar.object_rows(adapted))
+        rewards, advantages = columnar.credit_columns(
+            rows,
+            episode,
+            sums,
+            cols.rollout_ids,
+            cols.group_ids,
+            self.credit,
+            estimator=self.advantage,
+            norm_std=self.norm_std,
+            eps=self.eps,
+            stats=stats,
+        )
+        if not len(rows.rollout):
+            return None, stats
+        has = rows.has_logprobs
+        rollout_ids = np.asarray(cols.rollout_ids, dtype=object)[rows.rollout].tolist()
+        batch = TransitionBatch.from_flat(
+            prompt_ids=columnar.runs(rows.prompt, rows.prompt_start, rows.prompt_length),
+            prompt_lengths=rows.prompt_length,
+            response_ids=columnar.runs(rows.response, rows.response_start, rows.response_length),
+            response_lengths=rows.response_length,
+            logprobs=columnar.runs(rows.logprobs, rows.logprob_start[has], rows.response_length[has])
+            if has.any()
+            else None,
+            has_logprobs=has,
+            row_advantages=advantages,
+            rewards=rewards,
+            meta={
+                "rollout_id": rollout_ids,
+                "attempt_id": rows.attempt_ids,
+                "group_id": rows.group_ids,
+                "agent_name": rows.agents,
+                "step_index": rows.step.tolist(),
+                "span_id": rows.span_ids,
+            },
+            pad_id=pad_id,
+        )
+        return batch, stats
 
 
 @contextlib.contextmanager
