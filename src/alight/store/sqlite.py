@@ -65,6 +65,8 @@ class SqliteStore(Store):
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s)
+            # 16 KiB pages (for a new file only): an LLM span's row, with its token ids, fits one page.
+            self._db.execute("PRAGMA page_size=16384")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.execute("PRAGMA mmap_size=1073741824")  # bulk reads walk overflow pages: no read() per page
