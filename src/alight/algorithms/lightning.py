@@ -15,11 +15,9 @@ credit mode says. Only rollouts with at least one transition take part in their 
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 from collections import Counter
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
@@ -33,6 +31,7 @@ from alight.algorithms.batch import TransitionBatch
 from alight.algorithms.credit import Credit, make_credit
 from alight.config.schema import AdapterConfig, AlgorithmConfig
 from alight.errors import ConfigError
+from alight.store.sqlite_bulk import gc_paused
 from alight.store.sqlite_columns import LLMColumns
 from alight.types import Rollout, Transition
 
@@ -95,7 +94,7 @@ class LightningRL:
         `spans_by_rollout` maps a rollout id to the spans of its attempt (a missing id: no spans).
         """
         stats = AdapterStats()
-        with paused_gc():
+        with gc_paused():
             adapted = [self._adapt_one(rollout, spans_by_rollout, stats) for rollout in rollouts]
             return self.assign(adapted, stats), stats
 
@@ -120,7 +119,7 @@ class LightningRL:
 
     def batch(self, transitions: Sequence[Transition], pad_id: int) -> TransitionBatch:
         """The backend batch of `transitions` (see `TransitionBatch.from_transitions`)."""
-        with paused_gc():
+        with gc_paused():
             return TransitionBatch.from_transitions(transitions, pad_id)
 
     @property
@@ -149,7 +148,7 @@ class LightningRL:
                 spans = {i: await store.query_spans(i) for i in ids}
             transitions, stats = self.adapt_rollouts(rollouts, spans)
             return (self.batch(transitions, pad_id) if transitions else None), stats
-        with paused_gc():
+        with gc_paused():
             columns = await store.llm_columns(ids, tool_spans=self.adapter.tool_reward is not None)
             return await self.batch_from_columns(store, columns, pad_id)
 
@@ -215,19 +214,6 @@ class LightningRL:
             pad_id=pad_id,
         )
         return batch, stats
-
-
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector: the hot path allocates many containers and makes no
-    cycles, and with a large heap each collection would rescan it (it halves throughput)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def credit_and_advantages(
