@@ -94,8 +94,8 @@ def test_otlp_export_loads_back_through_the_store_receiver(tmp_path: Path) -> No
     import httpx
 
     from alight.store.memory import MemoryStore
+    from alight.store.otlp_export import spans_to_otlp_json
     from alight.store.server import StoreServer
-    from alight.tracing.otlp_export import spans_to_otlp_json
     from alight.types import Rollout, Span, SpanKind, Task
 
     async def setup(store: MemoryStore) -> tuple[str, str]:

@@ -14,7 +14,6 @@ path makes, tensor for tensor.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -310,8 +309,3 @@ def discounted_columns(rows: Rows, episode: Floats, gamma: float) -> Floats:
         at = np.flatnonzero(to_end == distance)
         out[at] = rows.intermediate[at] + gamma * out[at + 1]
     return out
-
-
-def intermediate_sum(adapted: AdaptedRollout) -> float:
-    """`math.fsum` of a rollout's intermediate rewards (as `credit_and_advantages` adds them)."""
-    return math.fsum(adapted.intermediate_rewards)

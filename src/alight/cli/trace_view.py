@@ -222,7 +222,7 @@ def run_trace(
     """The body of `alight trace`."""
     import asyncio
 
-    from alight.tracing.otlp_export import spans_to_otlp_json
+    from alight.store.otlp_export import spans_to_otlp_json
 
     async def main() -> None:
         store = open_store(target)

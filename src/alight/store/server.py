@@ -27,6 +27,7 @@ from alight.errors import AlightError, ConfigError, InvalidRequestError, Payload
 from alight.serving import BackgroundServer
 from alight.store import wire
 from alight.store.base import ALL_ATTEMPTS, Store
+from alight.store.otlp import receive_traces  # opentelemetry-proto loads on the first request
 from alight.store.wire import IDEMPOTENCY_HEADER, one_line, validation_message
 
 logger = logging.getLogger(__name__)
@@ -291,7 +292,6 @@ def create_app(
 
     # -- OTLP/HTTP: spans from any OpenTelemetry SDK or Collector (protobuf or JSON) ----------
     async def otlp_traces(request: Request) -> Response:
-        from alight.tracing.otlp import receive_traces  # loads opentelemetry-proto on first use
 
         try:
             answer, media_type = await receive_traces(

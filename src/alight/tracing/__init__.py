@@ -3,7 +3,7 @@
 Two tracers make the same `Span` records: `LightTracer` (no dependency) and `OtelTracer`
 (OpenTelemetry SDK). `Tracer.instrument()` hooks openai, LangChain/LangGraph and the OpenAI
 Agents SDK so agent code needs no alight call; `emit_reward`, `emit_tool` and `emit_exception`
-work anywhere inside a rollout. The store server also receives OTLP/HTTP (`alight.tracing.otlp`).
+work anywhere inside a rollout. The store server also receives OTLP/HTTP (`alight.store.otlp`).
 """
 
 from __future__ import annotations

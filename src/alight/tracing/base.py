@@ -12,8 +12,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from alight import semconv
@@ -23,9 +22,6 @@ from alight.tracing.context import AttemptContext
 from alight.types import Attempt, Rollout, SpanKind, SpanStatus
 
 logger = logging.getLogger(__name__)
-
-#: Context managers entered around every attempt (instrumentations register theirs here).
-ATTEMPT_HOOKS: list[Callable[[], AbstractContextManager[Any]]] = []
 
 
 class Tracer(abc.ABC):
@@ -53,16 +49,13 @@ class Tracer(abc.ABC):
         ctx = self._new_attempt(store, rollout.rollout_id, attempt.attempt_id, agent_name)
         root = ctx.start_span(agent_name, SpanKind.AGENT, {semconv.AGENT_NAME: agent_name}, frame=None)
         try:
-            with contextlib.ExitStack() as hooks:
-                for hook in ATTEMPT_HOOKS:
-                    hooks.enter_context(hook())
-                with ctx.activate(agent_name, root):
-                    try:
-                        yield ctx
-                    except BaseException as err:
-                        root.end(SpanStatus.ERROR, " ".join(f"{type(err).__name__}: {err}".split())[:1000])
-                        raise
-                    root.end()
+            with ctx.activate(agent_name, root):
+                try:
+                    yield ctx
+                except BaseException as err:
+                    root.end(SpanStatus.ERROR, " ".join(f"{type(err).__name__}: {err}".split())[:1000])
+                    raise
+                root.end()
         finally:
             try:
                 await ctx.flush()
@@ -70,11 +63,12 @@ class Tracer(abc.ABC):
                 self._end_attempt(ctx)
 
     def langchain_handler(self) -> Any:
-        """A LangChain callback handler recording agent (node) and tool spans; pass it in
-        `config={"callbacks": [...]}` where automatic registration does not reach."""
-        from alight.tracing.langchain import AlightCallbackHandler
+        """The process's LangChain callback handler (agent/node and tool spans), for
+        `config={"callbacks": [...]}` where automatic registration does not reach; being the
+        registered handler itself, passing it too records nothing twice."""
+        from alight.tracing.langchain import shared_handler
 
-        return AlightCallbackHandler()
+        return shared_handler()
 
 
 def make_tracer(kind: Literal["light", "otel"] = "light") -> Tracer:

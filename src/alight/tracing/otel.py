@@ -21,9 +21,9 @@ from opentelemetry.trace import Status, StatusCode
 
 from alight import semconv
 from alight.store.base import Store
+from alight.store.otlp import encode_attributes, make_span
 from alight.tracing.base import Tracer
 from alight.tracing.context import ActiveSpan, AttemptContext, current_frame
-from alight.tracing.otlp import encode_attributes, make_span
 from alight.types import SpanStatus
 
 logger = logging.getLogger(__name__)

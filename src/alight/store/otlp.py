@@ -1,4 +1,4 @@
-"""OpenTelemetry spans to `Span` records: for the OTel tracer and the OTLP/HTTP receiver.
+"""OpenTelemetry spans to `Span` records: the store's OTLP/HTTP receiver, and the OTel tracer.
 
 A span belongs to a rollout through `semconv.ROLLOUT_ID`/`ATTEMPT_ID`, as span or resource
 attributes; its kind is `semconv.SPAN_KIND` or inferred from its attributes; its order is
