@@ -47,20 +47,7 @@ EXPECTED = """\
 Use the tools.
 
 # Tools
-
-You may call one or more functions to assist with the user query.
-
-You are provided with function signatures within <tools></tools> XML tags:
-<tools>
-{"type": "function", "function": {"name": "add", "description": "Add two integers.", \
-"parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
-</tools>
-
-For each function call, return a json object with function name and arguments within \
-<tool_call></tool_call> XML tags:
-<tool_call>
-{"name": <function-name>, "arguments": <args-json-object>}
-</tool_call><|im_end|>
+add(a, b)<|im_end|>
 <|im_start|>user
 2+3 and 1+1?<|im_end|>
 <|im_start|>assistant

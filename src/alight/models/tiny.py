@@ -49,22 +49,25 @@ QWEN2_SPLIT_REGEX = (
 
 #: Written next to the weights: marks a directory as ours (safe to rebuild) and records how it was built.
 MARKER_FILE = "alight_tiny_model.json"
+#: Bumped when the tokenizer or chat template changes; a cached model of another format is rebuilt.
+TINY_FORMAT = 2
 
 # Qwen2.5/Hermes format. `{% generation %}` marks assistant text for return_assistant_tokens_mask (SFT).
+# Tools are listed by signature only, `name(arg, ...)`, not as Qwen's JSON schema preamble: with one
+# token per byte that preamble costs ~600 tokens of every prompt, and a tiny model learns the
+# call format from its warm start, not from instructions.
 CHAT_TEMPLATE = """\
 {%- if tools %}
-    {{- '<|im_start|>system\\n' }}
+    {{- '<|im_start|>system\n' }}
     {%- if messages and messages[0].role == 'system' %}
-        {{- messages[0].content + '\\n\\n' }}
+        {{- messages[0].content + '\n\n' }}
     {%- endif %}
-    {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
-    {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+    {{- '# Tools' }}
     {%- for tool in tools %}
-        {{- '\\n' + tool | tojson }}
+        {%- set tool = tool.function if tool.function is defined else tool %}
+        {{- '\n' + tool.name + '(' + ((tool.parameters or {}).properties or {}).keys() | join(', ') + ')' }}
     {%- endfor %}
-    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments' }}
-    {{- ' within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' }}
-    {{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+    {{- '<|im_end|>\n' }}
 {%- elif messages and messages[0].role == 'system' %}
     {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}
@@ -143,7 +146,14 @@ def build_tiny_model(
         model.save_pretrained(staging)
         tokenizer.save(staging)
         (staging / MARKER_FILE).write_text(
-            json.dumps({"builder": "alight.models.build_tiny_model", "arguments": {**sizes, "seed": seed}}, indent=2)
+            json.dumps(
+                {
+                    "builder": "alight.models.build_tiny_model",
+                    "format": TINY_FORMAT,
+                    "arguments": {**sizes, "seed": seed},
+                },
+                indent=2,
+            )
             + "\n"
         )
         out.mkdir(exist_ok=True)
@@ -275,3 +285,13 @@ def _build_model(vocab_size: int, sizes: dict[str, int], seed: int) -> Qwen2ForC
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def is_current_tiny_model(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` holds a complete tiny model of the current format (else it needs a rebuild)."""
+    directory = Path(path)
+    try:
+        marker = json.loads((directory / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("format") == TINY_FORMAT and (directory / "model.safetensors").is_file()
