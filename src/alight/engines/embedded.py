@@ -48,7 +48,7 @@ def default_cache_dir() -> Path:
 
 def tiny_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The tiny model's directory under `cache_dir`, built on first use."""
-    from alight.models.tiny import is_current_tiny_model, build_tiny_model
+    from alight.models.tiny import build_tiny_model, is_current_tiny_model
 
     path = Path(cache_dir) if cache_dir is not None else default_cache_dir() / TINY
     if not is_current_tiny_model(path):
