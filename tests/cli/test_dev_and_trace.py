@@ -29,7 +29,8 @@ def write_config(tmp_path: Path, *, entrypoint: str = "tests.fixtures.sample_age
     data.write_text("".join(json.dumps({"question": f"What is {i} + 2?"}) + "\n" for i in range(5)))
     lines = [
         "name: devtest",
-        f"output_dir: {tmp_path / 'runs'}",
+        "trainer:",
+        f"  output_dir: {tmp_path / 'runs'}",
         "agent:",
         f"  entrypoint: {entrypoint}",
         "data:",

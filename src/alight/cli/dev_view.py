@@ -28,7 +28,7 @@ def run_dev_command(
     from alight.trainer.dev import run_dev, with_endpoint
 
     cfg = with_endpoint(to_object(load_config(config, overrides)), endpoint, model)
-    where = run_dir or Path(cfg.output_dir) / f"{cfg.name}-dev-{time.strftime('%Y%m%d-%H%M%S')}"
+    where = run_dir or Path(cfg.trainer.output_dir) / f"{cfg.name}-dev-{time.strftime('%Y%m%d-%H%M%S')}"
     console = Console(stderr=as_json)
     started = time.monotonic()
     with console.status("starting store, engine, proxy and runners...") as status:

@@ -93,17 +93,86 @@ class AdapterConfig:
 
 
 @dataclass
+class LoraConfig:
+    enabled: bool = False  # train LoRA adapters (peft) instead of every weight; for larger models
+    r: int = 8  # adapter rank
+    alpha: int = 16  # scaling numerator (scale = alpha / r)
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
 class AlgorithmConfig:
+    name: str = "grpo"  # grpo | ppo (several clipped epochs over mini-batches) | sft (on the agent's best rollouts)
     advantage: str = "grpo"  # grpo | rloo | reinforce_pp (see alight.algorithms.advantages)
     norm_std: bool = True  # grpo: divide by the group's reward std; reinforce_pp: by the batch's
     eps: float = 1e-6  # added to the std before dividing
+    lr: float = 1e-5  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
+    warmup_steps: int = 0  # linear learning-rate warm-up over this many optimizer steps
+    clip_ratio_low: float = 0.2  # the ratio is clipped to [1 - low, 1 + high]
+    clip_ratio_high: float = 0.2  # raise it (e.g. 0.28, as DAPO) to let rare good tokens grow faster
+    kl_coef: float = 0.0  # weight of the KL penalty to the frozen reference policy; 0: no reference kept
+    kl_estimator: str = "low_var_kl"  # kl (k1) | abs | mse (k2) | low_var_kl (k3)
+    entropy_coef: float = 0.0  # weight of an entropy bonus
+    loss_agg: str = "token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum
+    max_grad_norm: float = 1.0  # gradient clipping (0: none)
+    mini_batch_size: int | None = None  # transitions per optimizer step; None: the whole batch (one step)
+    micro_batch_size: int = 16  # transitions per forward/backward (gradient accumulation); memory only
+    epochs: int = 1  # passes over each batch; ppo defaults to several (see `ppo_epochs`)
+    ppo_epochs: int = 4  # ppo: passes over each batch
+    temperature: float | None = None  # log-prob temperature; None: the engine's sampling temperature
+    sft_min_reward: float = 1.0  # sft: train on transitions whose reward is at least this
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class WarmStartConfig:
+    # Supervised warm start before RL: rows of {"messages": [...], "tools": [...]} (a file or a
+    # generator, as data.train), each assistant message a training target. None: no warm start.
+    data: str | None = None
+    size: int | None = None  # rows to ask a generator for
+    generator_kwargs: dict[str, Any] = field(default_factory=dict)
+    steps: int = 0  # optimizer steps (0: no warm start)
+    batch_size: int = 32  # sequences per step
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    max_length: int | None = None  # longer demonstrations are dropped; None: the model's context
+
+
+@dataclass
+class TrainerConfig:
+    steps: int | None = None  # RL steps; None: `epochs` passes over the train data
+    epochs: int = 1  # used when steps is None
+    batch_size: int = 8  # tasks per step
+    group_size: int = 8  # rollouts per task (the GRPO group, n)
+    val_every: int = 5  # validate every this many steps (and at step 0 and the last step); 0: only those
+    val_size: int | None = None  # validation tasks (None: all the val rows)
+    val_temperature: float = 0.0  # validation sampling (0: greedy)
+    save_every: int = 5  # checkpoint every this many steps (and the last); 0: only the last
+    keep_checkpoints: int = 2  # newest checkpoints kept on disk
+    step_timeout_s: float = 900.0  # longest wait for a step's rollouts
+    min_batch_fraction: float = 0.5  # at the timeout, train on the ended rollouts if at least this fraction ended
+    output_dir: str = "runs"  # parent folder of run directories
+    seed: int = 0  # fixes data order, model initialisation and sampling
+    device: str = "cpu"  # where the embedded backend trains: cpu | cuda | cuda:N
+    backend: str = "embedded"  # embedded (PyTorch in this process) | verl
+
+
+@dataclass
+class LoggingConfig:
+    dashboard: bool = True  # the live terminal view (off with --no-dashboard)
+    metrics_file: str = "metrics.jsonl"  # one JSON object per step in the run directory
+    plot: bool = True  # write reward_curve.png in the run directory at the end
+    tensorboard: bool = False  # also log to TensorBoard (needs `tensorboard`)
+    wandb: bool = False  # also log to Weights & Biases (needs `wandb`)
+    wandb_project: str = "alight"
 
 
 @dataclass
 class ExperimentConfig:
     name: str = "experiment"  # names the run directory
-    output_dir: str = "runs"  # parent folder of run directories
-    seed: int = 0
     agent: AgentConfig = field(default_factory=AgentConfig)
     data: DataConfig = field(default_factory=DataConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -113,6 +182,9 @@ class ExperimentConfig:
     dev: DevConfig = field(default_factory=DevConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
 #: Name of the schema node in Hydra's ConfigStore.
