@@ -24,15 +24,20 @@ def load_rows(
     seed: int = 0,
     generator_kwargs: Mapping[str, Any] | None = None,
     base_dir: str | Path | None = None,
+    split: str | None = None,
 ) -> list[dict[str, Any]]:
     """Rows named by `spec`: a .jsonl/.json/.parquet/.csv file, a directory written by
     `Dataset.save_to_disk`, or a generator `module:function` / `file.py:function`.
 
-    A generator is called with the keyword arguments it accepts among `n` (= `size`), `seed` and
-    `generator_kwargs`. Relative paths resolve against `base_dir` (the config's folder) first, then
-    the working directory. `size` caps the number of rows."""
+    A generator is called with `generator_kwargs` and those it accepts among `n` (= `size`), `seed`
+    and `split` ("train" or "val": the split the caller wants). Relative paths resolve against
+    `base_dir` (the config's folder) first, then the working directory. `size` caps the rows."""
     path = _existing_path(spec, base_dir)
-    rows = _rows_from_path(path) if path is not None else _rows_from_generator(spec, size, seed, generator_kwargs or {})
+    rows = (
+        _rows_from_path(path)
+        if path is not None
+        else _rows_from_generator(spec, size, seed, generator_kwargs or {}, split)
+    )
     if size is not None:
         rows = rows[:size]
     if not rows:
@@ -74,7 +79,9 @@ def _rows_from_path(path: Path) -> list[dict[str, Any]]:
     return [dict(row) for row in loaded]
 
 
-def _rows_from_generator(spec: str, size: int | None, seed: int, kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _rows_from_generator(
+    spec: str, size: int | None, seed: int, kwargs: Mapping[str, Any], split: str | None = None
+) -> list[dict[str, Any]]:
     fn = resolve_entrypoint(spec, what="data")
     if not callable(fn):
         raise ConfigError(f"data entrypoint {spec!r} is not a function")
@@ -84,6 +91,8 @@ def _rows_from_generator(spec: str, size: int | None, seed: int, kwargs: Mapping
         call["n"] = size
     if "seed" in params:
         call["seed"] = seed
+    if "split" in params and split is not None:
+        call.setdefault("split", split)
     try:
         produced = fn(**call)
     except TypeError as err:

@@ -78,6 +78,14 @@ class EngineUnavailableError(AlightError):
     code = "engine_unavailable"
 
 
+class TrainingError(AlightError):
+    """A training run cannot go on (too few rollouts ended in time, every rollout failed); the CLI
+    exits with code 1, as for any failure that is not the user's input."""
+
+    http_status = 500
+    code = "training_failed"
+
+
 #: Error classes by their `code`, for the HTTP client to raise what the server raised.
 ERRORS_BY_CODE: dict[str, type[AlightError]] = {
     cls.code: cls

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from alight import __version__
-from alight.errors import AlightError
+from alight.errors import AlightError, TrainingError
 
 app = typer.Typer(
     name="alight",
@@ -37,10 +37,10 @@ def _root(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
 ) -> None:
     # Commands show progress themselves; logs are for problems (and everything with --verbose).
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = logging.DEBUG if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # a run's own log file may take more (train.log)
+        handler.setLevel(level)
 
 
 @app.command()
@@ -153,6 +153,40 @@ def dev(
     run_dev_command(config, overrides or [], n=n, endpoint=endpoint, model=model, run_dir=run_dir, as_json=as_json)
 
 
+@app.command(context_settings={"allow_extra_args": False})
+def train(
+    config: Annotated[Path, typer.Argument(help="Experiment YAML (configs/*.yaml).")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="Hydra overrides such as algorithm.lr=1e-6 runner.n_runners=8.", show_default=False),
+    ] = None,
+    show_cfg: Annotated[bool, typer.Option("--cfg", help="Print the resolved config and exit.")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option("--resume", help="Continue the newest run of this experiment (or --run-dir) from its checkpoint."),
+    ] = False,
+    run_dir: Annotated[
+        Path | None, typer.Option(help="The run directory (default: OUTPUT_DIR/NAME-TIME; with --resume, the newest).")
+    ] = None,
+    no_dashboard: Annotated[
+        bool,
+        typer.Option(
+            "--no-dashboard",
+            "--json",
+            help="No live view: print one JSON line per step (the default when not a terminal).",
+        ),
+    ] = False,
+) -> None:
+    """Train the model behind the configured agent: warm start, then GRPO/PPO through the real stack."""
+    from alight.cli.train_view import run_train_command
+
+    code = run_train_command(
+        config, overrides or [], show_cfg=show_cfg, resume=resume, run_dir=run_dir, dashboard=not no_dashboard
+    )
+    if code:
+        raise typer.Exit(code)
+
+
 @app.command()
 def trace(
     target: Annotated[str, typer.Argument(help="A run directory, a store .db file, or a store server URL.")],
@@ -238,6 +272,9 @@ def main() -> None:
     """Console entry point: user errors print one line and exit with code 2."""
     try:
         app()
+    except TrainingError as err:  # the run failed, not the user's input
+        typer.echo(f"error: {err}", err=True)
+        sys.exit(1)
     except AlightError as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(2)

@@ -104,14 +104,18 @@ def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ad
 
     app.add_exception_handler(HTTPException, on_http_exception)
 
-    async def parsed(request: Request, model: type[ChatBody] | type[CompletionBody] | type[ResponsesBody]) -> Any:
+    async def parsed(
+        request: Request,
+        model: type[ChatBody] | type[CompletionBody] | type[ResponsesBody],
+        context: CallContext,
+    ) -> Any:
         data = parse_json(await read_body(request, max_body_bytes))
         try:
             body = model.model_validate(data)
         except ValidationError as err:
             raise validation_error(err) from None
         proxy.check_model(body.model)
-        for key, value in proxy.default_sampling.items():
+        for key, value in proxy.sampling_for(context.rollout_id).items():
             if getattr(body, key) is None and not (
                 key == "max_tokens" and getattr(body, "max_completion_tokens", None)
             ):
@@ -166,7 +170,7 @@ def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ad
 
     async def chat(request: Request) -> Response:
         context = CallContext.of(request.path_params, request.headers)
-        body: ChatBody = await parsed(request, ChatBody)
+        body: ChatBody = await parsed(request, ChatBody, context)
         engine_request = body.to_request()
         if body.stream:
             return await _streamed(ChatStream(proxy, context, engine_request, body))
@@ -178,7 +182,7 @@ def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ad
 
     async def respond(request: Request) -> Response:
         context = CallContext.of(request.path_params, request.headers)
-        body: ResponsesBody = await parsed(request, ResponsesBody)
+        body: ResponsesBody = await parsed(request, ResponsesBody, context)
         engine_request = body.to_request()
         if body.stream:
             return await _streamed(ResponsesStream(proxy, context, engine_request, body))
@@ -193,7 +197,7 @@ def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ad
 
     async def complete(request: Request) -> Response:
         context = CallContext.of(request.path_params, request.headers)
-        body: CompletionBody = await parsed(request, CompletionBody)
+        body: CompletionBody = await parsed(request, CompletionBody, context)
         engine_request = body.to_request()
         generation, version, started, latency = await generate(
             context, engine_request, lambda: proxy.engine.complete(engine_request)

@@ -52,6 +52,7 @@ class Proxy:
         if unknown:
             raise ConfigError(f"proxy: default_sampling takes {', '.join(SAMPLING_DEFAULTS)}, not {sorted(unknown)}")
         self.default_sampling = {k: v for k, v in (default_sampling or {}).items() if v is not None}
+        self._rollout_sampling: dict[str, dict[str, Any]] = {}
         self.engine = engine
         self.store = store
         self.close_store = close_store
@@ -108,6 +109,24 @@ class Proxy:
             logger.info("proxy: calls drained; loading weights version %d", version)
             await self.engine.update_weights(weights, version)
         logger.info("proxy: serving weights version %d", version)
+
+    def set_rollout_sampling(self, rollout_ids: Sequence[str], sampling: Mapping[str, Any] | None) -> None:
+        """Defaults for the calls of these rollouts that override `default_sampling` (validation
+        runs greedy this way); None forgets them. What a request sets itself still wins."""
+        unknown = set(sampling or {}) - set(SAMPLING_DEFAULTS)
+        if unknown:
+            raise ConfigError(f"proxy: rollout sampling takes {', '.join(SAMPLING_DEFAULTS)}, not {sorted(unknown)}")
+        for rollout_id in rollout_ids:
+            if sampling is None:
+                self._rollout_sampling.pop(rollout_id, None)
+            else:
+                self._rollout_sampling[rollout_id] = {**self.default_sampling, **sampling}
+
+    def sampling_for(self, rollout_id: str | None) -> Mapping[str, Any]:
+        """The sampling defaults of a call made for `rollout_id`."""
+        if rollout_id is None:
+            return self.default_sampling
+        return self._rollout_sampling.get(rollout_id) or self.default_sampling
 
     async def flush(self) -> None:
         """Return once the span of every call answered so far is in the store. Callable from any loop."""

@@ -48,11 +48,13 @@ def dev_rows(cfg: ExperimentConfig, n: int) -> list[Any]:
     """The task inputs dev runs: the first `n` rows of the dev split (val, else train)."""
     from alight.data import load_rows, task_input
 
-    order = [cfg.data.val, cfg.data.train] if cfg.dev.split == "val" else [cfg.data.train, cfg.data.val]
-    spec = next((s for s in order if s), None)
+    order = [("val", cfg.data.val), ("train", cfg.data.train)]
+    if cfg.dev.split != "val":
+        order.reverse()
+    split, spec = next(((name, s) for name, s in order if s), ("", None))
     if spec is None:
         raise ConfigError("the config names no data (data.train or data.val)")
-    rows = load_rows(spec, size=n, seed=cfg.data.seed, generator_kwargs=cfg.data.generator_kwargs)
+    rows = load_rows(spec, size=n, seed=cfg.data.seed, generator_kwargs=cfg.data.generator_kwargs, split=split)
     return [task_input(row, cfg.data.input_field) for row in rows[:n]]
 
 

@@ -92,20 +92,34 @@ class LocalStack:
         sampling = self.cfg.engine.sampling
         return {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": sampling.max_tokens}
 
-    async def _publish(self) -> None:
-        from alight.store.client import StoreClient
+    def resources(self) -> dict[str, Any]:
+        """The resource set runners use: the policy behind the proxy as `llm`."""
         from alight.types import LLMResource
 
-        async with StoreClient(self._url()) as store:
-            await store.add_resources(
-                {
-                    "llm": LLMResource(
-                        endpoint=self.proxy_server.url,
-                        model=self.cfg.engine.served_name,
-                        sampling_parameters=self.sampling_parameters(),
-                    )
-                }
+        return {
+            "llm": LLMResource(
+                endpoint=self.proxy_server.url,
+                model=self.cfg.engine.served_name,
+                sampling_parameters=self.sampling_parameters(),
             )
+        }
+
+    async def _publish(self) -> None:
+        from alight.store.client import StoreClient
+
+        async with StoreClient(self._url()) as store:
+            await store.add_resources(self.resources())
+
+    def trainer_store(self) -> Any:
+        """A store for the trainer's own loop: a second connection to the run's SQLite file (its
+        columnar reads), or a client of the configured store server."""
+        if self._store_server is not None:
+            from alight.store.sqlite import SqliteStore
+
+            return SqliteStore(self.run_dir / STORE_FILE)
+        from alight.store.client import StoreClient
+
+        return StoreClient(self._url())
 
     def _url(self) -> str:
         if self.store_url is None:

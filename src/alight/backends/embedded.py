@@ -1,0 +1,360 @@
+"""The embedded backend: the policy trained with PyTorch in the trainer's process (CPU or one GPU).
+
+It consumes `TransitionBatch`es only. An RL update is the clipped policy loss over token log-prob
+ratios against the engine's log-probs (GRPO: one epoch, one optimizer step per batch by default;
+PPO: several epochs over shuffled mini-batches), plus an optional KL penalty to the frozen starting
+policy and an entropy bonus; AdamW with warm-up, gradient clipping and accumulation over
+micro-batches; optionally LoRA adapters (peft) instead of every weight. `engine_weights()` gives
+the full weights the engine serves next (LoRA merged in).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from alight.algorithms.batch import TransitionBatch
+from alight.backends import losses
+from alight.config.schema import AlgorithmConfig
+from alight.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+ALGORITHMS = ("grpo", "ppo", "sft")
+ADAPTER_DIR = "adapter"
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def check_algorithm(cfg: AlgorithmConfig) -> None:
+    """ConfigError, in one line, for settings no update can run with."""
+    if cfg.name not in ALGORITHMS:
+        raise ConfigError(f"algorithm.name must be one of {', '.join(ALGORITHMS)}, got {cfg.name!r}")
+    if cfg.loss_agg not in losses.LOSS_AGGREGATIONS:
+        raise ConfigError(
+            f"algorithm.loss_agg must be one of {', '.join(losses.LOSS_AGGREGATIONS)}, got {cfg.loss_agg!r}"
+        )
+    if cfg.kl_estimator not in losses.KL_ESTIMATORS:
+        raise ConfigError(
+            f"algorithm.kl_estimator must be one of {', '.join(losses.KL_ESTIMATORS)}, got {cfg.kl_estimator!r}"
+        )
+    checks = {
+        "lr": cfg.lr > 0,
+        "micro_batch_size": cfg.micro_batch_size >= 1,
+        "mini_batch_size": cfg.mini_batch_size is None or cfg.mini_batch_size >= 1,
+        "epochs": cfg.epochs >= 1,
+        "ppo_epochs": cfg.ppo_epochs >= 1,
+        "clip_ratio_low": 0 <= cfg.clip_ratio_low < 1,
+        "clip_ratio_high": cfg.clip_ratio_high >= 0,
+        "kl_coef": cfg.kl_coef >= 0,
+        "max_grad_norm": cfg.max_grad_norm >= 0,
+        "warmup_steps": cfg.warmup_steps >= 0,
+        "betas": len(cfg.betas) == 2 and all(0 <= b < 1 for b in cfg.betas),
+    }
+    bad = [name for name, ok in checks.items() if not ok]
+    if bad:
+        raise ConfigError(f"algorithm.{bad[0]} is out of range: {getattr(cfg, bad[0])!r}")
+
+
+def warmup_schedule(warmup_steps: int) -> Callable[[int], float]:
+    """Learning-rate factor: linear from 1/(warmup+1) to 1 over `warmup_steps`, then 1."""
+    return lambda step: min(1.0, (step + 1) / (warmup_steps + 1)) if warmup_steps else 1.0
+
+
+class EmbeddedBackend:
+    """The trainable policy, its optimizer and (with `kl_coef`) a frozen reference."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        algorithm: AlgorithmConfig,
+        *,
+        device: str = "cpu",
+        temperature: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        check_algorithm(algorithm)
+        self.cfg = algorithm
+        self.device = torch.device(device)
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.model_path = Path(model_path)
+        self.generator = torch.Generator().manual_seed(seed)
+        model: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        model.config.use_cache = False
+        self.lora = algorithm.lora.enabled
+        if self.lora:
+            model = _with_lora(model, algorithm)
+        self.model: Any = model.to(self.device)
+        self.model.train()
+        self.reference: Any = None
+        if algorithm.kl_coef > 0 and not self.lora:  # with LoRA the reference is the model, adapters off
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer = self._optimizer(algorithm.lr, algorithm.warmup_steps)
+
+    # -- optimizer --------------------------------------------------------------------------------
+    def _optimizer(self, lr: float, warmup_steps: int) -> Any:
+        import torch
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            params, lr=lr, betas=(self.cfg.betas[0], self.cfg.betas[1]), weight_decay=self.cfg.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(warmup_steps))
+        return optimizer
+
+    def _step(self) -> float:
+        """Clip, step the optimizer and scheduler, zero the gradients; returns the gradient norm."""
+        import torch
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        else:  # a non-finite gradient would poison the weights: skip this step
+            logger.warning("non-finite gradient norm: optimizer step skipped")
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # -- forward --------------------------------------------------------------------------------
+    def log_probs(self, batch: TransitionBatch, model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B, R] log-probs of the response tokens, [B, R, V] their logits) under `model` (default: the policy)."""
+        batch = batch.to(self.device)
+        out = (model or self.model)(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            logits_to_keep=batch.response_length + 1,
+            use_cache=False,
+        )
+        logits = out.logits[:, :-1]
+        return losses.token_log_probs(logits, batch.responses, self.temperature), logits
+
+    def _reference_log_probs(self, batch: TransitionBatch) -> torch.Tensor:
+        import torch
+
+        with torch.no_grad():
+            if self.reference is not None:
+                return self.log_probs(batch, self.reference)[0]
+            with self.model.disable_adapter():
+                return self.log_probs(batch)[0]
+
+    def fill_old_log_probs(self, batch: TransitionBatch) -> None:
+        """Rows recorded without the engine's log-probs get the current policy's (before any update)."""
+        import torch
+
+        missing = (~batch.has_old_log_probs).nonzero().flatten().tolist()
+        if not missing:
+            return
+        with torch.no_grad():
+            for start in range(0, len(missing), self.cfg.micro_batch_size):
+                rows = missing[start : start + self.cfg.micro_batch_size]
+                part = batch.select(rows)
+                lp = self.log_probs(part)[0].cpu() * part.response_mask
+                batch.old_log_probs[rows, : part.response_length] = lp
+        batch.has_old_log_probs[:] = True
+
+    # -- updates --------------------------------------------------------------------------------
+    def update(self, batch: TransitionBatch) -> dict[str, float]:
+        """One RL update on `batch` (its advantages set); metrics under actor/ names."""
+        import torch
+
+        if self.cfg.name == "sft":
+            keep = (batch.rewards >= self.cfg.sft_min_reward).nonzero().flatten().tolist()
+            if not keep:
+                return {"actor/sft_rows": 0.0}
+            return {**self.supervised_step(batch.select(keep)), "actor/sft_rows": float(len(keep))}
+        self.fill_old_log_probs(batch)
+        rows = len(batch)
+        mini = min(self.cfg.mini_batch_size or rows, rows)
+        epochs = self.cfg.ppo_epochs if self.cfg.name == "ppo" else self.cfg.epochs
+        sums: dict[str, float] = {}
+        steps = 0
+        for _ in range(epochs):
+            order = (
+                torch.randperm(rows, generator=self.generator) if (mini < rows or epochs > 1) else torch.arange(rows)
+            )
+            for start in range(0, rows, mini):
+                for key, value in self._policy_step(batch.select(order[start : start + mini])).items():
+                    sums[key] = sums.get(key, 0.0) + value
+                steps += 1
+        metrics = {key: value / steps for key, value in sums.items()}
+        metrics["actor/optimizer_steps"] = float(steps)
+        metrics["actor/update_tokens"] = float(epochs * int((batch.prompt_lengths + batch.response_lengths).sum()))
+        return metrics
+
+    def _policy_step(self, mini: TransitionBatch) -> dict[str, float]:
+        import torch
+
+        cfg = self.cfg
+        mask_all = mini.response_mask
+        normaliser = float(mask_all.sum()) if cfg.loss_agg == "token_mean" else float(len(mini))
+        totals = {"loss": 0.0, "clipfrac": 0.0, "ppo_kl": 0.0, "kl": 0.0, "entropy": 0.0}
+        tokens = max(float(mask_all.sum()), 1.0)
+        for micro in mini.split(cfg.micro_batch_size):
+            micro = micro.to(self.device)
+            mask = micro.response_mask
+            log_probs, logits = self.log_probs(micro)
+            pg, clipped, approx_kl = losses.clipped_policy_loss(
+                log_probs, micro.old_log_probs, micro.advantages, cfg.clip_ratio_low, cfg.clip_ratio_high
+            )
+            loss = losses.aggregate(pg, mask, cfg.loss_agg, normaliser=normaliser)
+            token_entropy = losses.entropy(logits.detach() if cfg.entropy_coef == 0 else logits, self.temperature)
+            if cfg.entropy_coef:
+                loss = loss - cfg.entropy_coef * losses.aggregate(
+                    token_entropy, mask, cfg.loss_agg, normaliser=normaliser
+                )
+            if cfg.kl_coef:
+                kl = losses.kl_penalty(log_probs, self._reference_log_probs(micro), cfg.kl_estimator)
+                loss = loss + cfg.kl_coef * losses.aggregate(kl, mask, cfg.loss_agg, normaliser=normaliser)
+                totals["kl"] += float((kl.detach() * mask).sum())
+            loss.backward()  # type: ignore[no-untyped-call]
+            totals["loss"] += float(loss.detach())
+            m = mask.to(torch.float32)
+            totals["clipfrac"] += float((clipped * m).sum())
+            totals["ppo_kl"] += float((approx_kl.detach() * m).sum())
+            totals["entropy"] += float((token_entropy.detach() * m).sum())
+        lr = float(self.scheduler.get_last_lr()[0])
+        grad_norm = self._step()
+        return {
+            "actor/loss": totals["loss"],
+            "actor/pg_clipfrac": totals["clipfrac"] / tokens,
+            "actor/ppo_kl": totals["ppo_kl"] / tokens,
+            "actor/kl": totals["kl"] / tokens,
+            "actor/entropy": totals["entropy"] / tokens,
+            "actor/grad_norm": grad_norm,
+            "actor/lr": lr,
+        }
+
+    def supervised_step(self, batch: TransitionBatch) -> dict[str, float]:
+        """One optimizer step of negative log-likelihood on the batch's response tokens."""
+        normaliser = float(batch.response_mask.sum()) if self.cfg.loss_agg == "token_mean" else float(len(batch))
+        total = 0.0
+        for micro in batch.split(self.cfg.micro_batch_size):
+            log_probs, _ = self.log_probs(micro)
+            loss = losses.nll_loss(
+                log_probs, micro.response_mask.to(self.device), self.cfg.loss_agg, normaliser=normaliser
+            )
+            loss.backward()  # type: ignore[no-untyped-call]
+            total += float(loss.detach())
+        lr = float(self.scheduler.get_last_lr()[0])
+        return {"actor/loss": total, "actor/grad_norm": self._step(), "actor/lr": lr}
+
+    def warm_start(
+        self,
+        batches: Iterator[TransitionBatch],
+        *,
+        steps: int,
+        lr: float,
+        warmup_steps: int,
+        on_progress: Callable[[int, float], None] | None = None,
+    ) -> float:
+        """Supervised fine-tuning for `steps` optimizer steps on `batches` with its own AdamW (the
+        RL optimizer starts fresh afterwards). Returns the mean loss of the last 50 steps."""
+        rl_optimizer, rl_scheduler = self.optimizer, self.scheduler
+        self.optimizer = self._optimizer(lr, warmup_steps)
+        recent: list[float] = []
+        try:
+            for step in range(1, steps + 1):
+                loss = self.supervised_step(next(batches))["actor/loss"]
+                recent = [*recent[-49:], loss]
+                if on_progress is not None:
+                    on_progress(step, sum(recent) / len(recent))
+        finally:
+            self.optimizer, self.scheduler = rl_optimizer, rl_scheduler
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.reference is not None:  # the KL anchor is the warm-started policy
+            self.reference.load_state_dict(self.model.state_dict())
+        return sum(recent) / len(recent) if recent else math.nan
+
+    # -- weights and checkpoints ------------------------------------------------------------------
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """The full weights for the engine: a detached CPU copy (LoRA adapters merged in)."""
+        import torch
+
+        with torch.no_grad():
+            if not self.lora:
+                return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            self.model.merge_adapter()
+            try:
+                return {
+                    _base_name(k): v.detach().to("cpu", copy=True)
+                    for k, v in self.model.state_dict().items()
+                    if "lora_" not in k
+                }
+            finally:
+                self.model.unmerge_adapter()
+
+    def save(self, directory: Path) -> None:
+        """Write the policy (a servable Hugging Face model directory), adapters and optimizer state."""
+        import torch
+
+        directory.mkdir(parents=True, exist_ok=True)
+        base = self.model.get_base_model() if self.lora else self.model
+        base.save_pretrained(directory, state_dict=self.engine_weights())
+        if self.lora:
+            self.model.save_pretrained(directory / ADAPTER_DIR)
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        if self.reference is not None:
+            state["reference"] = self.reference.state_dict()
+        torch.save(state, directory / OPTIMIZER_FILE)
+
+    def load(self, directory: Path) -> None:
+        """Restore what `save` wrote (policy, adapters, optimizer, scheduler, reference)."""
+        import torch
+        from safetensors.torch import load_file
+
+        if self.lora:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, load_file(str(directory / ADAPTER_DIR / "adapter_model.safetensors")))
+        else:
+            weights = {}
+            for path in sorted(directory.glob("*.safetensors")):
+                weights.update(load_file(str(path)))
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
+            if [k for k in missing if "lm_head" not in k] or unexpected:  # tied lm_head is not saved
+                raise ConfigError(
+                    f"checkpoint {directory} does not match the model: "
+                    f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+                )
+        state = torch.load(directory / OPTIMIZER_FILE, map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.reference is not None and "reference" in state:
+            self.reference.load_state_dict(state["reference"])
+
+
+def _with_lora(model: Any, algorithm: AlgorithmConfig) -> Any:
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:  # pragma: no cover - peft is a core dependency
+        raise ConfigError('algorithm.lora needs peft: pip install "peft>=0.15"') from None
+    lora = algorithm.lora
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as err:
+        raise ConfigError(f"algorithm.lora: {str(err).splitlines()[0]}") from None
+
+
+def _base_name(key: str) -> str:
+    """A peft state-dict key as the plain model names it."""
+    key = key.removeprefix("base_model.model.")
+    return key.replace(".base_layer.", ".")

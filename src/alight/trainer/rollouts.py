@@ -1,0 +1,151 @@
+"""The trainer's side of the store for one step: enqueue groups of rollouts, wait for them with a
+timeout and a partial-batch policy, serve new weights, and summarise what ended."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from alight.config.schema import ExperimentConfig
+from alight.errors import TrainingError
+from alight.trainer.events import Watchers
+from alight.types import Rollout, RolloutMode, RolloutStatus, Task
+
+logger = logging.getLogger(__name__)
+
+MODES = {"train": RolloutMode.TRAIN, "val": RolloutMode.VAL}
+
+
+class StepRollouts:
+    """Rollouts of training and validation steps, tagged with `{"step", "split", "row"}` metadata."""
+
+    def __init__(self, store: Any, stack: Any, cfg: ExperimentConfig, events: Watchers) -> None:
+        self.store = store
+        self.stack = stack
+        self.cfg = cfg
+        self.events = events
+
+    async def enqueued_after(self, step: int) -> dict[tuple[str, int], list[str]]:
+        """Rollouts a killed run had enqueued for steps after `step`, by (split, step), to reuse."""
+        found: dict[tuple[str, int], list[str]] = {}
+        for split, mode in MODES.items():
+            for rollout in await self.store.list_rollouts(mode=mode):
+                at = rollout.metadata.get("step")
+                if isinstance(at, int) and at > step and rollout.metadata.get("split") == split:
+                    found.setdefault((split, at), []).append(rollout.rollout_id)
+        if found:
+            logger.info("resume: reusing the rollouts already enqueued for %s", sorted(found))
+        return found
+
+    async def enqueue(
+        self,
+        step: int,
+        split: str,
+        tasks: Sequence[Any],
+        rows: Sequence[int],
+        group_size: int,
+        *,
+        sampling: Mapping[str, Any] | None = None,
+    ) -> list[str]:
+        """`group_size` rollouts of each task (one GRPO group per task); returns their ids."""
+        runner = self.cfg.runner
+        rollouts = [
+            Rollout(
+                task=Task(input=task),
+                mode=MODES[split],
+                group_id=f"{split}-s{step}-t{i}" if group_size > 1 else None,
+                max_attempts=runner.max_attempts,
+                timeout_s=runner.timeout_s,
+                heartbeat_timeout_s=runner.heartbeat_timeout_s,
+                metadata={"step": step, "split": split, "row": row},
+            )
+            for i, (task, row) in enumerate(zip(tasks, rows, strict=True))
+            for _ in range(group_size)
+        ]
+        ids = [r.rollout_id for r in rollouts]
+        if sampling is not None:  # before enqueueing: a runner may claim them at once
+            self.set_sampling(ids, sampling)
+        await self.store.enqueue(rollouts)
+        return ids
+
+    def set_sampling(self, ids: Sequence[str], sampling: Mapping[str, Any] | None) -> None:
+        self.stack.proxy_server.proxy.set_rollout_sampling(ids, sampling)
+
+    async def wait(
+        self, step: int, ids: Sequence[str], timeout_s: float, min_fraction: float, *, stage: str | None = None
+    ) -> list[Rollout]:
+        """Wait for the rollouts to end; at the timeout, cancel the rest and go on with those that
+        ended if they are at least `min_fraction` of all, else raise TrainingError."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ended = await self.store.wait_for_rollouts(ids, timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+            counts = Counter(r.status.value for r in await self.store.list_rollouts(ids=list(ids)))
+            if stage is None:
+                self.events.on_rollouts(step, dict(counts))
+            else:
+                self.events.on_stage(stage, len(ended), len(ids), {})
+            if len(ended) == len(ids):
+                return list(ended)
+            if time.monotonic() >= deadline:
+                break
+        if len(ended) < min_fraction * len(ids):
+            raise TrainingError(
+                f"step {step}: only {len(ended)} of {len(ids)} rollouts ended within "
+                f"trainer.step_timeout_s={timeout_s:g}; are the runners alive? "
+                f"(trainer.min_batch_fraction={min_fraction:g})"
+            )
+        done = {r.rollout_id for r in ended}
+        for rollout_id in ids:
+            if rollout_id not in done:
+                await self.store.finish_rollout(rollout_id, RolloutStatus.CANCELLED)
+        self.events.on_error(f"step {step}: {len(ids) - len(ended)} rollouts still running at the timeout: cancelled")
+        return list(ended)
+
+    async def flush(self) -> None:
+        """Every answered LLM call's span is in the store on return."""
+        await self.stack.proxy_server.proxy.flush()
+
+    async def serve(self, weights: Mapping[str, Any], version: int) -> None:
+        """The engine serves `weights` as `version`; a new resource version tells runners so."""
+        await self.stack.proxy_server.proxy.update_weights(weights, version)
+        await self.store.add_resources(self.stack.resources())
+
+    async def summarise(self, ended: Sequence[Rollout], split: str) -> dict[str, Any]:
+        """Reward mean/std (failed rollouts count 0), tool-call rate and statuses; errors reported."""
+        rewards = [r.reward if r.reward is not None else 0.0 for r in ended]
+        statuses = Counter(r.status.value for r in ended)
+        tools = await self._tool_call_rate([r.rollout_id for r in ended])
+        out: dict[str, Any] = {
+            f"{split}/reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+            f"{split}/tool_call_rate": tools,
+        }
+        if split == "train":
+            out["train/reward_std"] = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
+            for status in ("succeeded", "failed", "timeout", "cancelled"):
+                out[f"rollouts/{status}"] = statuses.get(status, 0)
+        await self._report_errors([r for r in ended if r.status.value in ("failed", "timeout")])
+        return out
+
+    async def _tool_call_rate(self, ids: Sequence[str]) -> float:
+        """Fraction of the rollouts whose latest attempt made at least one tool call."""
+        if not ids:
+            return 0.0
+        if hasattr(self.store, "span_dicts"):
+            spans = await self.store.span_dicts(list(ids))
+            kinds = {rid: {s.get("kind") for s in rows} for rid, rows in spans.items()}
+        else:
+            kinds = {rid: {s.kind.value for s in await self.store.query_spans(rid)} for rid in ids}
+        return sum(1 for rid in ids if "tool" in kinds.get(rid, set())) / len(ids)
+
+    async def _report_errors(self, failed: Sequence[Rollout], limit: int = 3) -> None:
+        for rollout in failed[:limit]:
+            attempts = await self.store.list_attempts(rollout.rollout_id)
+            error = next((a.error for a in reversed(attempts) if a.error), None)
+            last = error.strip().splitlines()[-1] if error and error.strip() else rollout.status.value
+            self.events.on_error(f"rollout {rollout.rollout_id}: {last}")
+        if len(failed) > limit:
+            self.events.on_error(f"... and {len(failed) - limit} more failed rollouts")

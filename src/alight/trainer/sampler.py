@@ -1,0 +1,36 @@
+"""Which tasks each step trains on: seeded passes over the train rows, resumable by position."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class TaskSampler:
+    """Rows in a fresh seeded order each epoch, `batch_size` at a time; `position` (rows handed out
+    so far) is all a checkpoint needs to continue the same sequence."""
+
+    def __init__(self, n_rows: int, batch_size: int, seed: int, position: int = 0) -> None:
+        if n_rows < 1 or batch_size < 1:
+            raise ValueError("a sampler needs rows and a positive batch size")
+        self.n_rows = n_rows
+        self.batch_size = batch_size
+        self.seed = seed
+        self.position = position
+
+    def _order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n_rows)
+
+    def next_batch(self) -> list[int]:
+        """The row indices of the next step (a batch may span the end of one epoch and the next)."""
+        out: list[int] = []
+        while len(out) < self.batch_size:
+            epoch, offset = divmod(self.position, self.n_rows)
+            take = min(self.batch_size - len(out), self.n_rows - offset)
+            out.extend(self._order(epoch)[offset : offset + take].tolist())
+            self.position += take
+        return out
+
+    @property
+    def epoch(self) -> float:
+        """Passes over the data so far (fractional)."""
+        return self.position / self.n_rows

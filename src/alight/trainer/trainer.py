@@ -1,0 +1,220 @@
+"""`Trainer`: the Python API under `alight train` and `alight dev`.
+
+    trainer = alight.Trainer(cfg)                      # an ExperimentConfig (see alight.config)
+    result = trainer.fit(agent, train_rows, val_rows)  # or entrypoints / data specs, or the config's
+
+`fit` prepares the run directory and the policy (the tiny model built with the run's seed, or the
+configured model), runs the supervised warm start when configured, starts the local stack (store,
+proxy + engine serving the warm-started checkpoint, runner pool) and runs the RL loop
+(`alight.trainer.loop`). `resume=True` continues the newest checkpoint of the run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alight.config.schema import ExperimentConfig
+from alight.errors import ConfigError, TrainingError
+
+logger = logging.getLogger(__name__)
+
+BASE_MODEL_DIR = "base_model"
+__all__ = ["FitResult", "Trainer", "TrainingError", "entrypoint_of"]
+Rows = Sequence[dict[str, Any]]
+
+
+@dataclass
+class FitResult:
+    """What `Trainer.fit` did."""
+
+    run_dir: Path
+    steps: int  # the last RL step completed
+    metrics: list[dict[str, Any]]  # one dict per step, as in metrics.jsonl
+    val_reward_start: float | None  # val/reward_mean at step 0 (after the warm start)
+    val_reward_end: float | None  # the last val/reward_mean
+    stopped: bool  # interrupted (Ctrl-C) before the last step
+    png: Path | None
+
+
+def entrypoint_of(agent: Any) -> str:
+    """The `module:name` (or `file.py:name`) entrypoint runner processes import for `agent`."""
+    if isinstance(agent, str):
+        return agent
+    target = getattr(agent, "fn", None) or agent
+    module_name = getattr(target, "__module__", None)
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    module = sys.modules.get(module_name or "")
+    if module is None or name is None or "<locals>" in name:
+        raise ConfigError(
+            f"agent {agent!r} is not importable by name; define it at module level or pass 'module:function'"
+        )
+    if module_name == "__main__" or (module_name or "").startswith("alight_user_"):
+        file = getattr(module, "__file__", None)
+        if file is None:
+            raise ConfigError("an agent defined interactively cannot run in runner processes; put it in a file")
+        return f"{file}:{name}"
+    return f"{module_name}:{name}"
+
+
+def new_run_dir(cfg: ExperimentConfig, kind: str = "") -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(cfg.trainer.output_dir) / f"{cfg.name}{'-' + kind if kind else ''}-{stamp}"
+
+
+def latest_run_dir(cfg: ExperimentConfig) -> Path:
+    """The newest run directory of this experiment that holds a checkpoint (for `--resume`)."""
+    from alight.trainer.checkpoint import latest_checkpoint
+
+    root = Path(cfg.trainer.output_dir)
+    runs = sorted(
+        (p for p in root.glob(f"{cfg.name}-*") if p.is_dir() and latest_checkpoint(p) is not None),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if not runs:
+        raise ConfigError(f"--resume: no run of {cfg.name!r} with a checkpoint under {root}")
+    return runs[-1]
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Trains the model behind an agent with the experiment's algorithm; see the module docstring.
+
+    `watchers` receive the run's events (`alight.trainer.events.TrainerEvents`): the CLI passes the
+    dashboard or the JSON-lines reporter. `run_dir` defaults to `{output_dir}/{name}-{timestamp}`;
+    with `resume`, to the newest run of the experiment that holds a checkpoint.
+    """
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig | None = None,
+        *,
+        run_dir: str | Path | None = None,
+        resume: bool = False,
+        watchers: Iterable[Any] = (),
+    ) -> None:
+        self.cfg = cfg or ExperimentConfig()
+        self.resume = resume
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.watchers = list(watchers)
+
+    # -- the API ----------------------------------------------------------------------------------
+    def fit(
+        self, agent: Any = None, train_data: Rows | str | None = None, val_data: Rows | str | None = None
+    ) -> FitResult:
+        """Warm start (if configured) then RL for `trainer.steps` steps (or `epochs` over the data).
+
+        `agent`: a decorated function / LitAgent defined at module level, or an entrypoint string;
+        default: `agent.entrypoint`. `train_data` / `val_data`: lists of rows, or data specs; default:
+        `data.train` / `data.val`. Input problems raise ConfigError before anything starts."""
+        from alight.agent import load_agent
+        from alight.backends.embedded import check_algorithm
+        from alight.trainer.loop import RLLoop
+
+        cfg = self._config_for(agent)
+        check_algorithm(cfg.algorithm)
+        _check_trainer(cfg)
+        load_agent(cfg.agent.entrypoint)  # an entrypoint that does not import fails here, in one line
+        train_rows = self._rows(train_data, cfg.data.train, cfg.data.train_size, "train")
+        if train_rows is None:
+            raise ConfigError("the config names no training data (data.train)")
+        val_rows = self._rows(val_data, cfg.data.val, cfg.data.val_size, "val")
+        if val_rows is not None and cfg.trainer.val_size is not None:
+            val_rows = val_rows[: cfg.trainer.val_size]
+        run_dir = self._run_dir(cfg)
+        return RLLoop(cfg, run_dir, train_rows, val_rows, resume=self.resume, watchers=self.watchers).run()
+
+    def dev(self, agent: Any = None, data: Rows | str | None = None, n: int | None = None) -> list[Any]:
+        """Run the agent on `n` tasks through the full stack without training (`alight dev`)."""
+        from alight.trainer.dev import run_dev
+
+        cfg = self._config_for(agent)
+        if data is not None:
+            if not isinstance(data, str):
+                raise ConfigError("Trainer.dev takes data as a spec (file or generator); pass rows to fit")
+            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, val=data))
+        return run_dev(cfg, self.run_dir or new_run_dir(cfg, "dev"), n=n)
+
+    # -- pieces ---------------------------------------------------------------------------------
+    def _config_for(self, agent: Any) -> ExperimentConfig:
+        if agent is None:
+            if not self.cfg.agent.entrypoint or self.cfg.agent.entrypoint == "???":
+                raise ConfigError("no agent: pass one to fit() or set agent.entrypoint")
+            return self.cfg
+        return dataclasses.replace(self.cfg, agent=dataclasses.replace(self.cfg.agent, entrypoint=entrypoint_of(agent)))
+
+    def _rows(
+        self, given: Rows | str | None, spec: str | None, size: int | None, split: str
+    ) -> list[dict[str, Any]] | None:
+        from alight.data import load_rows
+
+        if given is not None and not isinstance(given, str):
+            rows = list(given)
+            if not rows:
+                raise ConfigError(f"{split} data holds no rows")
+            return rows
+        source = given if isinstance(given, str) else spec
+        if source is None:
+            return None
+        return load_rows(
+            source, size=size, seed=self.cfg.data.seed, generator_kwargs=self.cfg.data.generator_kwargs, split=split
+        )
+
+    def _run_dir(self, cfg: ExperimentConfig) -> Path:
+        if self.run_dir is not None:
+            if self.resume and not self.run_dir.is_dir():
+                raise ConfigError(f"--resume: run directory {self.run_dir} does not exist")
+            return self.run_dir
+        return latest_run_dir(cfg) if self.resume else new_run_dir(cfg)
+
+
+def _check_trainer(cfg: ExperimentConfig) -> None:
+    t = cfg.trainer
+    checks = {
+        "steps": t.steps is None or t.steps >= 1,
+        "epochs": t.epochs >= 1,
+        "batch_size": t.batch_size >= 1,
+        "group_size": t.group_size >= 1,
+        "val_every": t.val_every >= 0,
+        "save_every": t.save_every >= 0,
+        "keep_checkpoints": t.keep_checkpoints >= 1,
+        "step_timeout_s": t.step_timeout_s > 0,
+        "min_batch_fraction": 0 < t.min_batch_fraction <= 1,
+    }
+    bad = [name for name, ok in checks.items() if not ok]
+    if bad:
+        raise ConfigError(f"trainer.{bad[0]} is out of range: {getattr(t, bad[0])!r}")
+    if t.backend != "embedded":
+        raise ConfigError(f"trainer.backend {t.backend!r} is not available here (only 'embedded')")
+    if cfg.algorithm.name != "sft" and t.group_size < 2 and cfg.algorithm.advantage in ("grpo", "rloo"):
+        raise ConfigError(f"trainer.group_size must be at least 2 for {cfg.algorithm.advantage} advantages")
+
+
+def demonstration_batches(transitions: Sequence[Any], batch_size: int, pad_id: int, seed: int) -> Iterator[Any]:
+    """Endless shuffled batches of demonstration transitions (a fresh order each pass)."""
+    from alight.algorithms.batch import TransitionBatch
+
+    rng = random.Random(seed)
+    order = list(range(len(transitions)))
+    while True:
+        rng.shuffle(order)
+        for start in range(0, len(order) - batch_size + 1 if len(order) >= batch_size else 1, batch_size):
+            yield TransitionBatch.from_transitions([transitions[i] for i in order[start : start + batch_size]], pad_id)
+
+
+ProgressFn = Callable[[int, float], None]
