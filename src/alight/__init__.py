@@ -38,6 +38,11 @@ _EXPORTS = {
     "emit_exception": "alight.tracing",
     "agent_scope": "alight.tracing",
     "make_tracer": "alight.tracing",
+    "Trainer": "alight.trainer",
+    "FitResult": "alight.trainer",
+    "TrainingError": "alight.errors",
+    "ExperimentConfig": "alight.config",
+    "load_config": "alight.config",
 }
 
 __all__ = [
@@ -45,6 +50,8 @@ __all__ = [
     "AlightError",
     "Attempt",
     "AttemptStatus",
+    "ExperimentConfig",
+    "FitResult",
     "LLMResource",
     "LitAgent",
     "MemoryStore",
@@ -59,6 +66,8 @@ __all__ = [
     "Store",
     "StoreClient",
     "Task",
+    "Trainer",
+    "TrainingError",
     "Transition",
     "__version__",
     "agent_scope",
@@ -66,15 +75,18 @@ __all__ = [
     "emit_reward",
     "emit_tool",
     "load_agent",
+    "load_config",
     "make_tracer",
     "rollout",
 ]
 
 if TYPE_CHECKING:
     from alight.agent import LLM, LitAgent, load_agent, rollout
-    from alight.errors import AlightError
+    from alight.config import ExperimentConfig, load_config
+    from alight.errors import AlightError, TrainingError
     from alight.store import MemoryStore, SqliteStore, Store, StoreClient
     from alight.tracing import agent_scope, emit_exception, emit_reward, emit_tool, make_tracer
+    from alight.trainer import FitResult, Trainer
     from alight.types import (
         Attempt,
         AttemptStatus,

@@ -254,7 +254,7 @@ class RLLoop:
                 "history": self.metrics_log.rows() if self.resume else [],
             }
         )
-        with LocalStack(stack_cfg, self.run_dir) as stack:
+        with LocalStack(stack_cfg, self.run_dir, weights_version=self.step) as stack:
             asyncio.run(self._steps(stack))
 
     async def _steps(self, stack: Any) -> None:

@@ -46,8 +46,11 @@ def check_endpoint(base_url: str, timeout_s: float = 5.0) -> None:
 class LocalStack:
     """Store server, proxy + engine and runner pool for one run; `with LocalStack(...) as stack:`."""
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path, *, n_runners: int | None = None) -> None:
+    def __init__(
+        self, cfg: ExperimentConfig, run_dir: Path, *, n_runners: int | None = None, weights_version: int | None = None
+    ) -> None:
         self.cfg = cfg
+        self.weights_version = weights_version  # recorded on spans until the first update (a resumed run's step)
         self.run_dir = run_dir
         self.n_runners = n_runners or cfg.runner.n_runners
         self.store_url: str | None = cfg.store.url
@@ -75,7 +78,12 @@ class LocalStack:
                 self.store_url = self._store_server.url
             assert self.store_url is not None
             logger.info("store at %s", self.store_url)
-            proxy = Proxy(engine, StoreClient(self.store_url), default_sampling=self.sampling_parameters())
+            proxy = Proxy(
+                engine,
+                StoreClient(self.store_url),
+                version=self.weights_version,
+                default_sampling=self.sampling_parameters(),
+            )
             self.proxy_server = ProxyServer(proxy, host=self.cfg.proxy.host, port=self.cfg.proxy.port).start()
             logger.info("LLM proxy at %s (engine %s, model %s)", self.proxy_server.url, kind, self.cfg.engine.model)
             asyncio.run(self._publish())
