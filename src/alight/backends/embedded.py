@@ -46,6 +46,7 @@ def check_algorithm(cfg: AlgorithmConfig) -> None:
         )
     checks = {
         "lr": cfg.lr > 0,
+        "weight_decay": cfg.weight_decay >= 0,
         "micro_batch_size": cfg.micro_batch_size >= 1,
         "mini_batch_size": cfg.mini_batch_size is None or cfg.mini_batch_size >= 1,
         "epochs": cfg.epochs >= 1,
@@ -285,6 +286,8 @@ class EmbeddedBackend:
         with torch.no_grad():
             if not self.lora:
                 return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            # merge + unmerge is not exact in floating point: put the base weights back bit for bit
+            bases = {k: v.detach().clone() for k, v in self.model.state_dict().items() if ".base_layer." in k}
             self.model.merge_adapter()
             try:
                 return {
@@ -294,6 +297,9 @@ class EmbeddedBackend:
                 }
             finally:
                 self.model.unmerge_adapter()
+                current = self.model.state_dict()
+                for k, v in bases.items():
+                    current[k].copy_(v)
 
     def save(self, directory: Path) -> None:
         """Write the policy (a servable Hugging Face model directory), adapters and optimizer state."""

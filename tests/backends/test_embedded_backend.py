@@ -1,0 +1,308 @@
+"""The embedded backend trains the real tiny model on CPU: what each update promises."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from alight.algorithms.batch import TransitionBatch
+from alight.backends.embedded import EmbeddedBackend, check_algorithm
+from alight.config.schema import AlgorithmConfig, LoraConfig
+from alight.errors import ConfigError
+from alight.types import Transition
+
+PAD = 0
+
+
+def transitions(
+    advantages: list[float],
+    *,
+    rewards: list[float] | None = None,
+    logprobs: list[list[float] | None] | None = None,
+    seed: int = 0,
+) -> list[Transition]:
+    """One transition per advantage, prompts and responses of different lengths (so padding matters)."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for i, advantage in enumerate(advantages):
+        prompt = torch.randint(1, 250, (3 + 2 * i % 5,), generator=generator).tolist()
+        response = torch.randint(1, 250, (2 + 3 * i % 4,), generator=generator).tolist()
+        out.append(
+            Transition.unchecked(
+                prompt,
+                response,
+                1.0 if rewards is None else rewards[i],
+                f"ro-{i}",
+                group_id="g",
+                advantage=advantage,
+                response_logprobs=None if logprobs is None else logprobs[i],
+            )
+        )
+    return out
+
+
+def batch_of(rows: list[Transition]) -> TransitionBatch:
+    return TransitionBatch.from_transitions(rows, PAD)
+
+
+def backend(tiny_dir: Path, **algorithm: Any) -> EmbeddedBackend:
+    algorithm.setdefault("lr", 1e-3)
+    return EmbeddedBackend(tiny_dir, AlgorithmConfig(**algorithm), seed=0)
+
+
+def weights(b: EmbeddedBackend) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in b.model.state_dict().items()}
+
+
+def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> list[str]:
+    return [k for k in before if not torch.equal(before[k], after[k])]
+
+
+def on_policy_logprobs(b: EmbeddedBackend, rows: list[Transition]) -> list[list[float]]:
+    """Each row's response log-probs under the backend's current policy (what the engine would record)."""
+    with torch.no_grad():
+        out = []
+        for row in rows:
+            lp = b.log_probs(batch_of([row]))[0][0]
+            out.append(lp.tolist())
+        return out
+
+
+def response_log_prob(b: EmbeddedBackend, rows: list[Transition]) -> float:
+    """Summed log-probability of every row's response under the policy."""
+    batch = batch_of(rows)
+    with torch.no_grad():
+        return float((b.log_probs(batch)[0] * batch.response_mask).sum())
+
+
+def test_an_update_moves_the_weights_and_engine_weights_are_a_cpu_copy(tiny_dir: Path) -> None:
+    b = backend(tiny_dir)
+    before = weights(b)
+    metrics = b.update(batch_of(transitions([1.0, -1.0, 0.5])))
+    assert changed(before, weights(b))
+    assert metrics["actor/optimizer_steps"] == 1.0
+    assert all(math.isfinite(v) for v in metrics.values())
+    served = b.engine_weights()
+    assert list(served) == list(b.model.state_dict())
+    assert all(v.device.type == "cpu" for v in served.values())
+    key = "model.embed_tokens.weight"
+    served[key].add_(1.0)  # a copy: the engine may keep it while training goes on
+    assert not torch.equal(served[key], b.model.state_dict()[key])
+
+
+def test_zero_advantages_leave_the_weights_unchanged(tiny_dir: Path) -> None:
+    b = backend(tiny_dir)
+    before = weights(b)
+    metrics = b.update(batch_of(transitions([0.0, 0.0, 0.0])))
+    assert changed(before, weights(b)) == []
+    assert metrics["actor/loss"] == 0.0
+
+
+def test_on_policy_grpo_has_ratio_one(tiny_dir: Path) -> None:
+    b = backend(tiny_dir)
+    rows = transitions([1.0, -1.0, 0.5, -0.5])
+    rows = transitions([1.0, -1.0, 0.5, -0.5], logprobs=on_policy_logprobs(b, rows))  # type: ignore[arg-type]
+    metrics = b.update(batch_of(rows))
+    assert metrics["actor/pg_clipfrac"] == 0.0
+    assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-5)
+
+
+def test_ppo_takes_epochs_times_mini_batches_steps_and_clips(tiny_dir: Path) -> None:
+    b = backend(tiny_dir, name="ppo", ppo_epochs=4, mini_batch_size=2, lr=5e-2, max_grad_norm=0.0)
+    batch = batch_of(transitions([1.0, -1.0, 1.0, -1.0, 1.0]))
+    metrics = b.update(batch)
+    assert metrics["actor/optimizer_steps"] == 4 * math.ceil(5 / 2)
+    assert metrics["actor/pg_clipfrac"] > 0.0  # later epochs see ratios pushed out of [0.8, 1.2]
+    assert metrics["actor/ppo_kl"] != 0.0
+
+
+def test_rows_without_log_probs_get_the_policy_s(tiny_dir: Path) -> None:
+    b = backend(tiny_dir)
+    rows = transitions([1.0, 1.0, 1.0])
+    given = [-1.0] * len(rows[1].response_ids)
+    batch = batch_of(transitions([1.0, 1.0, 1.0], logprobs=[None, given, None]))
+    assert batch.has_old_log_probs.tolist() == [False, True, False]
+    b.fill_old_log_probs(batch)
+    assert batch.has_old_log_probs.all()
+    expected = on_policy_logprobs(b, rows)
+    for i in (0, 2):
+        n = len(rows[i].response_ids)
+        assert batch.old_log_probs[i, :n].tolist() == pytest.approx(expected[i], abs=1e-5)
+        assert (batch.old_log_probs[i, n:] == 0).all()  # padding stays 0
+    assert batch.old_log_probs[1, : len(given)].tolist() == given  # recorded log-probs are kept
+
+
+def applied_gradients(b: EmbeddedBackend) -> dict[str, torch.Tensor]:
+    """Filled, at each optimizer step, with the accumulated (and clipped) gradient the optimizer applies."""
+    grads: dict[str, torch.Tensor] = {}
+    names = {p: n for n, p in b.model.named_parameters()}
+
+    def keep(optimizer: Any, *_: Any) -> None:
+        grads.update({names[p]: p.grad.clone() for group in optimizer.param_groups for p in group["params"]})
+
+    b.optimizer.register_step_pre_hook(keep)
+    return grads
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_micro_batching_does_not_change_the_step(tiny_dir: Path, loss_agg: str) -> None:
+    rows = transitions([1.0, -0.5, 0.7, -1.2])  # different lengths: each micro-batch pads differently
+    results = []
+    for micro in (1, len(rows)):
+        b = backend(tiny_dir, micro_batch_size=micro, loss_agg=loss_agg)
+        grads = applied_gradients(b)
+        metrics = b.update(batch_of(rows))
+        results.append((grads, weights(b), metrics))
+    (g_one, w_one, m_one), (g_full, w_full, m_full) = results
+    for key, grad in g_full.items():
+        assert torch.allclose(g_one[key], grad, atol=1e-6, rtol=1e-4), key
+        # Adam's first step is about lr * sign(grad): compare weights where the sign is not rounding noise
+        clear = grad.abs() > 1e-4
+        assert torch.allclose(w_one[key][clear], w_full[key][clear], atol=1e-6), key
+    assert m_one["actor/loss"] == pytest.approx(m_full["actor/loss"], abs=1e-6)
+    assert m_one["actor/grad_norm"] == pytest.approx(m_full["actor/grad_norm"], rel=1e-5)
+
+
+def test_a_positive_advantage_makes_the_response_more_likely(tiny_dir: Path) -> None:
+    b = backend(tiny_dir)
+    good, bad = transitions([1.0, -1.0])
+    good_before, bad_before = response_log_prob(b, [good]), response_log_prob(b, [bad])
+    for _ in range(3):
+        b.update(batch_of(transitions([1.0, -1.0])))  # fresh rows: their old log-probs are the policy's now
+    assert response_log_prob(b, [good]) > good_before + 0.1
+    assert response_log_prob(b, [bad]) < bad_before - 0.1
+
+
+def test_sft_trains_only_on_rows_with_enough_reward(tiny_dir: Path) -> None:
+    rewards = [1.0, 0.0, 2.0, 0.5]
+    rows = transitions([0.0] * 4, rewards=rewards)
+    sft = backend(tiny_dir, name="sft", sft_min_reward=1.0)
+    metrics = sft.update(batch_of(rows))
+    assert metrics["actor/sft_rows"] == 2.0
+    reference = backend(tiny_dir, name="sft")
+    reference.supervised_step(batch_of([rows[0], rows[2]]))
+    after, expected = weights(sft), weights(reference)
+    for key in after:
+        assert torch.allclose(after[key], expected[key], atol=1e-6), key
+
+    none = backend(tiny_dir, name="sft", sft_min_reward=5.0)
+    before = weights(none)
+    assert none.update(batch_of(rows)) == {"actor/sft_rows": 0.0}
+    assert changed(before, weights(none)) == []
+
+
+def test_supervised_steps_lower_the_nll(tiny_dir: Path) -> None:
+    b = backend(tiny_dir, lr=1e-2)
+    rows = transitions([0.0, 0.0])
+    before = -response_log_prob(b, rows)
+    first = b.supervised_step(batch_of(rows))["actor/loss"]
+    for _ in range(19):
+        last = b.supervised_step(batch_of(rows))["actor/loss"]
+    assert last < first / 2
+    assert -response_log_prob(b, rows) < before / 2
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_kl_to_the_reference_grows_once_the_policy_moves(tiny_dir: Path, lora: bool) -> None:
+    extra: dict[str, Any] = {"lora": LoraConfig(enabled=True)} if lora else {}
+    b = backend(tiny_dir, kl_coef=0.1, lr=2e-2, **extra)
+    assert (b.reference is not None) != lora  # with LoRA the reference is the model with adapters off
+    reference_before = None if b.reference is None else weights_of(b.reference)
+    first = b.update(batch_of(transitions([1.0, -1.0])))
+    assert first["actor/kl"] == pytest.approx(0.0, abs=1e-6)  # the policy starts at the reference
+    for _ in range(3):
+        last = b.update(batch_of(transitions([1.0, -1.0])))
+    assert last["actor/kl"] > 1e-4
+    if reference_before is not None:
+        assert changed(reference_before, weights_of(b.reference)) == []  # the reference stays frozen
+
+
+def weights_of(model: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_lora_trains_adapters_and_serves_merged_base_weights(tiny_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    b = backend(tiny_dir, lr=1e-2, lora=LoraConfig(enabled=True, r=4))
+    trainable = [name for name, p in b.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name for name in trainable)
+    base_keys = list(AutoModelForCausalLM.from_pretrained(tiny_dir).state_dict())
+    before = b.engine_weights()
+    assert list(before) == base_keys
+    model_before = weights(b)
+    b.update(batch_of(transitions([1.0, -1.0, 0.5])))
+    after = b.engine_weights()
+    assert list(after) == base_keys
+    moved = changed(before, after)
+    assert moved and all(
+        k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")) for k in moved
+    )
+    base_names = [k for k in model_before if "lora_" not in k]
+    assert (
+        changed({k: model_before[k] for k in base_names}, weights(b)) == []
+    )  # merging for the engine left them as they were
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_save_then_load_restores_weights_and_optimizer(tiny_dir: Path, tmp_path: Path, lora: bool) -> None:
+    extra: dict[str, Any] = {"lora": LoraConfig(enabled=True)} if lora else {}
+    original = backend(tiny_dir, warmup_steps=3, kl_coef=0.05, **extra)
+    original.update(batch_of(transitions([1.0, -1.0, 0.3])))
+    original.save(tmp_path / "ckpt")
+
+    restored = backend(tiny_dir, warmup_steps=3, kl_coef=0.05, **extra)
+    restored.load(tmp_path / "ckpt")
+    saved = weights(original)
+    for key, value in weights(restored).items():
+        assert torch.equal(value, saved[key]), key
+    assert restored.scheduler.get_last_lr() == original.scheduler.get_last_lr()
+
+    rows = transitions([0.5, -1.0, 1.0], seed=1)
+    m_original, m_restored = original.update(batch_of(rows)), restored.update(batch_of(rows))
+    assert m_original == m_restored  # same moments, same learning-rate schedule, same reference
+    after = weights(original)
+    for key, value in weights(restored).items():
+        assert torch.equal(value, after[key]), key
+
+
+# (field, bad value)
+BAD = [
+    ("name", "dpo"),
+    ("loss_agg", "sum"),
+    ("kl_estimator", "k4"),
+    ("lr", 0.0),
+    ("micro_batch_size", 0),
+    ("mini_batch_size", 0),
+    ("epochs", 0),
+    ("ppo_epochs", 0),
+    ("clip_ratio_low", 1.0),
+    ("clip_ratio_low", -0.1),
+    ("clip_ratio_high", -0.1),
+    ("kl_coef", -0.5),
+    ("max_grad_norm", -1.0),
+    ("warmup_steps", -1),
+    ("betas", [0.9]),
+    ("betas", [0.9, 1.0]),
+    ("weight_decay", -0.01),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD)
+def test_check_algorithm_names_the_bad_field(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=rf"algorithm\.{field}\b"):
+        check_algorithm(AlgorithmConfig(**{field: value}))
+
+
+def test_check_algorithm_accepts_the_defaults_and_each_algorithm() -> None:
+    for name in ("grpo", "ppo", "sft"):
+        check_algorithm(AlgorithmConfig(name=name, mini_batch_size=4, clip_ratio_high=0.28))
+
+
+def test_the_backend_checks_its_algorithm_before_loading(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"algorithm\.lr"):
+        EmbeddedBackend(tmp_path / "no-model", AlgorithmConfig(lr=-1.0))

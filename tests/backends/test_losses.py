@@ -1,0 +1,151 @@
+"""The policy-gradient losses on small hand-computed tables."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from alight.backends import losses
+
+OLD = math.log(0.4)  # any old log-prob: only the ratio matters
+
+# (advantage, ratio, clip_low, clip_high, loss, clipped term taken)
+CLIPPED = [
+    (1.0, 1.1, 0.2, 0.2, -1.1, 0.0),  # inside the range: the plain ratio
+    (-2.0, 0.9, 0.2, 0.2, 1.8, 0.0),
+    (1.0, 1.5, 0.2, 0.2, -1.2, 1.0),  # A > 0, ratio above 1 + high: capped
+    (1.0, 0.5, 0.2, 0.2, -0.5, 0.0),  # A > 0, ratio below 1 - low: the worse (unclipped) term
+    (-1.0, 1.5, 0.2, 0.2, 1.5, 0.0),  # A < 0, ratio above: the worse (unclipped) term
+    (-1.0, 0.5, 0.2, 0.2, 0.8, 1.0),  # A < 0, ratio below 1 - low: floored
+    (1.0, 1.5, 0.2, 0.28, -1.28, 1.0),  # asymmetric (DAPO's clip-higher)
+    (-1.0, 0.5, 0.1, 0.28, 0.9, 1.0),
+    (-1.0, 1.25, 0.1, 0.28, 1.25, 0.0),
+    (0.0, 3.0, 0.2, 0.2, 0.0, 0.0),  # no advantage, no loss, nothing clipped
+]
+
+
+@pytest.mark.parametrize(("advantage", "ratio", "low", "high", "loss", "clipped"), CLIPPED)
+def test_clipped_policy_loss(
+    advantage: float, ratio: float, low: float, high: float, loss: float, clipped: float
+) -> None:
+    old = torch.tensor([[OLD]], dtype=torch.float64)
+    new = old + math.log(ratio)
+    got, was_clipped, approx_kl = losses.clipped_policy_loss(new, old, torch.tensor([[advantage]]), low, high)
+    assert got.item() == pytest.approx(loss)
+    assert was_clipped.item() == clipped
+    assert approx_kl.item() == pytest.approx(-math.log(ratio))  # k1 of KL(old || new)
+
+
+def test_clipped_policy_loss_is_elementwise_and_has_the_ratio_gradient() -> None:
+    old = torch.full((2, 3), OLD)
+    new = (old + torch.tensor([[0.0, math.log(1.5), math.log(0.5)], [0.0, 0.0, 0.0]])).requires_grad_(True)
+    advantages = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
+    loss, clipped, _ = losses.clipped_policy_loss(new, old, advantages)
+    assert loss.shape == clipped.shape == (2, 3)
+    loss.sum().backward()
+    assert new.grad is not None
+    # d(-A r)/d log p = -A r where unclipped; 0 where the clipped (constant) term is taken
+    expected = torch.tensor([[-1.0, 0.0, -0.5], [1.0, 1.0, 1.0]])
+    assert torch.allclose(new.grad, expected)
+
+
+# (log p - log q, kl, abs, mse, low_var_kl)
+KL = [
+    (0.0, 0.0, 0.0, 0.0, 0.0),
+    (0.5, 0.5, 0.5, 0.125, math.exp(-0.5) + 0.5 - 1.0),
+    (-0.5, -0.5, 0.5, 0.125, math.exp(0.5) - 0.5 - 1.0),
+    (2.0, 2.0, 2.0, 2.0, math.exp(-2.0) + 2.0 - 1.0),
+    (-30.0, -30.0, 30.0, 450.0, 10.0),  # low_var_kl is clamped at 10
+]
+
+
+@pytest.mark.parametrize(("diff", "kl", "abs_", "mse", "low_var"), KL)
+def test_kl_estimators(diff: float, kl: float, abs_: float, mse: float, low_var: float) -> None:
+    ref = torch.tensor([[math.log(0.3)]], dtype=torch.float64)
+    log_probs = ref + diff
+    for estimator, expected in (("kl", kl), ("abs", abs_), ("mse", mse), ("low_var_kl", low_var)):
+        assert losses.kl_penalty(log_probs, ref, estimator).item() == pytest.approx(expected), estimator
+
+
+def test_low_var_kl_is_non_negative_and_zero_only_when_equal() -> None:
+    generator = torch.Generator().manual_seed(0)
+    log_probs = -torch.rand(4, 16, generator=generator) * 5
+    ref = -torch.rand(4, 16, generator=generator) * 5
+    assert (losses.kl_penalty(log_probs, ref, "low_var_kl") >= 0).all()
+    assert (losses.kl_penalty(log_probs, ref, "low_var_kl") > 0).all()
+    assert torch.equal(losses.kl_penalty(log_probs, log_probs, "low_var_kl"), torch.zeros(4, 16))
+
+
+def test_unknown_kl_estimator_and_aggregation_are_value_errors() -> None:
+    x = torch.zeros(1, 1)
+    with pytest.raises(ValueError, match="KL estimator"):
+        losses.kl_penalty(x, x, "k4")
+    with pytest.raises(ValueError, match="loss aggregation"):
+        losses.aggregate(x, x, "sum")
+
+
+VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+MASK = torch.tensor([[1, 1, 0], [1, 0, 0]])
+
+# (mode, normaliser, expected)
+AGGREGATE = [
+    ("token_mean", None, 7 / 3),  # (1 + 2 + 4) / 3 tokens
+    ("seq_mean_token_mean", None, (1.5 + 4.0) / 2),
+    ("seq_mean_token_sum", None, (3.0 + 4.0) / 2),
+    ("token_mean", 7.0, 1.0),  # the normaliser replaces the token count
+    ("seq_mean_token_mean", 4.0, 5.5 / 4),  # ... and the row count
+    ("seq_mean_token_sum", 4.0, 7.0 / 4),
+]
+
+
+@pytest.mark.parametrize(("mode", "normaliser", "expected"), AGGREGATE)
+def test_aggregate(mode: str, normaliser: float | None, expected: float) -> None:
+    assert losses.aggregate(VALUES, MASK, mode, normaliser=normaliser).item() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("mode", "normaliser"),
+    [("token_mean", 3.0), ("seq_mean_token_mean", 2.0), ("seq_mean_token_sum", 2.0)],  # tokens / rows of the step
+)
+def test_micro_batches_with_the_step_normaliser_add_up_to_the_full_batch(mode: str, normaliser: float) -> None:
+    parts = [losses.aggregate(VALUES[i : i + 1], MASK[i : i + 1], mode, normaliser=normaliser).item() for i in range(2)]
+    assert sum(parts) == pytest.approx(losses.aggregate(VALUES, MASK, mode).item())
+
+
+def test_fully_masked_values_aggregate_to_zero_not_nan() -> None:
+    mask = torch.tensor([[0, 0, 0], [1, 0, 0]])
+    assert losses.aggregate(VALUES, torch.zeros_like(MASK), "token_mean").item() == 0.0
+    assert losses.aggregate(VALUES, mask, "seq_mean_token_mean").item() == pytest.approx(2.0)  # (0 + 4) / 2
+
+
+def test_nll_loss_is_the_aggregated_negative_log_likelihood() -> None:
+    log_probs = torch.log(torch.tensor([[0.5, 0.25, 0.9]]))
+    mask = torch.tensor([[1, 1, 0]])
+    assert losses.nll_loss(log_probs, mask).item() == pytest.approx((math.log(2) + math.log(4)) / 2)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 2.0])
+def test_token_log_probs_apply_the_temperature(temperature: float) -> None:
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 3, 11, generator=generator)
+    targets = torch.randint(0, 11, (2, 3), generator=generator)
+    expected = torch.log_softmax(logits / temperature, dim=-1).gather(-1, targets[..., None])[..., 0]
+    assert torch.allclose(losses.token_log_probs(logits, targets, temperature), expected)
+
+
+def test_temperature_zero_means_greedy_sampling_so_log_probs_are_at_temperature_one() -> None:
+    logits = torch.randn(1, 4, 7, generator=torch.Generator().manual_seed(2))
+    targets = torch.tensor([[0, 3, 6, 1]])
+    assert torch.equal(losses.token_log_probs(logits, targets, 0.0), losses.token_log_probs(logits, targets, 1.0))
+
+
+def test_entropy() -> None:
+    vocab = 13
+    assert torch.allclose(losses.entropy(torch.full((2, 3, vocab), 4.2)), torch.full((2, 3), math.log(vocab)))
+    peaked = torch.tensor([[[100.0, 0.0, 0.0]]])
+    assert losses.entropy(peaked).item() == pytest.approx(0.0, abs=1e-6)
+    logits = torch.tensor([[[1.0, 2.0, 0.5]]])
+    p = torch.softmax(logits / 0.5, dim=-1)
+    assert losses.entropy(logits, 0.5).item() == pytest.approx(float(-(p * p.log()).sum()))
