@@ -1,9 +1,14 @@
 """A calculator agent in plain Python with the stock `openai` client: the recipe `alight train` learns on.
 
-The model reads a word problem, may call `calculate(expression)` with the arithmetic it composed
-from the text, reads the result and answers with a number. The reward is 1.0 when the last number
-of the final answer is the task's `result`. Nothing in it is alight-specific except the decorator
-and the base URL it is handed, so the same function runs unchanged outside alight.
+The model reads a word problem and either answers from its head or calls `calculate(expression)`
+with arithmetic composed from the text, reads the result and answers. The expression may use
+numbers or the names a, b, c, ... for the question's numbers in order (`a*b` for "buys 12 bags of
+63 apples"), and the final answer may be a number or `Done.`, which submits the calculator's last
+result. A 0.9M-parameter model cannot learn to copy multi-digit numbers in minutes of training on
+a CPU (measured: 0% after 600 SFT steps), so these two conventions leave it the decisions that
+matter: whether to call the tool and which arithmetic the words ask for. A real model may write
+the numbers and the answer itself; both work. The reward is 1.0 when the answer is the task's
+`result`. Nothing in it is alight-specific except the decorator and the base URL it is handed.
 Data: `recipes/calc/data.py` (Calc-X-style rows and the SFT demonstrations of this conversation).
 """
 
@@ -20,17 +25,23 @@ import openai
 
 import alight
 
-# Short on purpose: with the tiny model's byte tokenizer every character is a token of every prompt.
-SYSTEM_PROMPT = "Answer with a number. Use calculate for arithmetic."
+# No system prompt: with the tiny model's byte tokenizer every character is a token of every
+# prompt; the conventions are in the tool's description, which real models read.
+SYSTEM_PROMPT = ""
+SUBMIT = "Done."  # a final answer that submits the calculator's last result
 
 CALCULATE_TOOL = {
     "type": "function",
     "function": {
         "name": "calculate",
-        "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
+        "description": (
+            "Evaluate arithmetic with + - * / and parentheses. Write numbers, or a, b, c, ... for the"
+            " numbers of the question in order. Then answer with the number, or with 'Done.' to submit"
+            " the result."
+        ),
         "parameters": {
             "type": "object",
-            "properties": {"expression": {"type": "string", "description": "e.g. 47+12*6"}},
+            "properties": {"expression": {"type": "string", "description": "e.g. 47+12*6 or a+b*c"}},
             "required": ["expression"],
         },
     },
@@ -52,22 +63,37 @@ _UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {ast.UAdd: operator.
 def solve(task: dict[str, Any], llm: alight.LLM) -> float:
     """Answer `task["question"]`, running `calculate` as the model asks; reward 1.0 for `task["result"]`."""
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key)
-    messages: list[Any] = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": task["question"]},
-    ]
+    messages: list[Any] = [{"role": "system", "content": SYSTEM_PROMPT}] if SYSTEM_PROMPT else []
+    messages.append({"role": "user", "content": task["question"]})
+    numbers = question_numbers(task["question"])
+    last_result: str | None = None
     for _ in range(MAX_TURNS):
         reply = client.chat.completions.create(model=llm.model, messages=messages, tools=[CALCULATE_TOOL])
         message = reply.choices[0].message
         if not message.tool_calls:
-            return score(message.content or "", task["result"])
+            return score(final_answer(message.content or "", last_result), task["result"])
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": run_tool_call(call)})
+            last_result = run_tool_call(call, numbers)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": last_result})
     return 0.0
 
 
-def run_tool_call(call: Any) -> str:
+def question_numbers(question: str) -> dict[str, float]:
+    """The question's numbers by name, in order: {"a": 12, "b": 63, ...}."""
+    values = re.findall(r"\d+(?:\.\d+)?", question)
+    return {chr(ord("a") + i): float(v) for i, v in enumerate(values[:26])}
+
+
+def final_answer(text: str, last_result: str | None) -> str:
+    """The answer the agent submits: the model's text, or the calculator's last result when the
+    model submits it (`Done.`, or any answer naming no number)."""
+    if last_result is not None and not last_result.startswith("error") and not re.search(r"\d", text):
+        return last_result
+    return text
+
+
+def run_tool_call(call: Any, numbers: dict[str, float] | None = None) -> str:
     """The tool result for one OpenAI tool call: calculate's answer, or "error: ..." the model can read."""
     if call.function.name != "calculate":
         return f"error: unknown tool {call.function.name!r}"
@@ -77,18 +103,19 @@ def run_tool_call(call: Any) -> str:
         return "error: arguments are not JSON"
     if not isinstance(arguments, dict) or not isinstance(arguments.get("expression"), str):
         return "error: expected {'expression': string}"
-    return calculate(arguments["expression"])
+    return calculate(arguments["expression"], numbers)
 
 
-def calculate(expression: str) -> str:
-    """The value of an arithmetic expression (numbers, + - * /, parentheses) as text, or "error: ...".
+def calculate(expression: str, numbers: dict[str, float] | None = None) -> str:
+    """The value of an arithmetic expression (numbers, the names in `numbers`, + - * /, parentheses)
+    as text, or "error: ...".
 
     Parsed with `ast` and evaluated node by node: names, calls, attributes, powers and anything
     else are refused, so no model output ever runs as code. Whole numbers print without ".0"."""
     if len(expression) > MAX_EXPRESSION_CHARS:
         return f"error: expression longer than {MAX_EXPRESSION_CHARS} characters"
     try:
-        return _format_number(_evaluate(ast.parse(expression.strip(), mode="eval").body))
+        return _format_number(_evaluate(ast.parse(expression.strip(), mode="eval").body, numbers or {}))
     except SyntaxError:
         return "error: not an arithmetic expression"
     except ZeroDivisionError:
@@ -97,13 +124,17 @@ def calculate(expression: str) -> str:
         return f"error: {err}"
 
 
-def _evaluate(node: ast.AST) -> float:
+def _evaluate(node: ast.AST, numbers: dict[str, float]) -> float:
     if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
         return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in numbers:
+            raise ValueError(f"the question has no number {node.id!r}")
+        return numbers[node.id]
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        return _BINARY[type(node.op)](_evaluate(node.left), _evaluate(node.right))
+        return _BINARY[type(node.op)](_evaluate(node.left, numbers), _evaluate(node.right, numbers))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_evaluate(node.operand))
+        return _UNARY[type(node.op)](_evaluate(node.operand, numbers))
     raise ValueError(f"unsupported {type(node).__name__} in expression")
 
 

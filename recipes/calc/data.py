@@ -27,33 +27,32 @@ _AGENT = Path(__file__).with_name("agent.py")
 SYSTEM_PROMPT: str = resolve_entrypoint(f"{_AGENT}:SYSTEM_PROMPT", what="calc recipe")
 CALCULATE_TOOL: dict[str, Any] = resolve_entrypoint(f"{_AGENT}:CALCULATE_TOOL", what="calc recipe")
 calculate: Callable[[str], str] = resolve_entrypoint(f"{_AGENT}:calculate", what="calc recipe")
+SUBMIT: str = resolve_entrypoint(f"{_AGENT}:SUBMIT", what="calc recipe")
 
 SOURCE_DS = "alight_calc"
 SPLITS = ("train", "val")
 VAL_PERCENT = 20  # share of all possible questions that belong to val
 
 NAMES = ("Tom", "Ana", "Raj", "Mia", "Leo", "Sara")
-Problem = tuple[str, str]  # (question, expression)
+Problem = tuple[str, str, str]  # (question, expression, formula over the question's numbers a, b, ...)
 
 
-def _buys(rng: random.Random) -> Problem:
-    a, b, c = rng.randint(100, 499), rng.randint(2, 9), rng.randint(11, 99)
-    name = rng.choice(NAMES)
-    return f"{name} has {a} apples and buys {b} bags of {c} apples. How many apples now?", f"{a}+{b}*{c}"
+def _bags(rng: random.Random) -> Problem:
+    a, b = rng.randint(11, 99), rng.randint(11, 99)
+    return f"{rng.choice(NAMES)} buys {a} bags of {b} apples. How many apples?", f"{a}*{b}", "a*b"
 
 
 def _sells(rng: random.Random) -> Problem:
-    b, c = rng.randint(2, 9), rng.randint(11, 99)
-    a = rng.randint(b * c + 1, b * c + 400)
-    return f"A shop has {a} pens and sells {b} boxes of {c} pens. How many are left?", f"{a}-{b}*{c}"
+    a, b = rng.randint(200, 999), rng.randint(11, 199)
+    return f"A shop had {a} pens and sold {b}. How many are left?", f"{a}-{b}", "a-b"
 
 
-def _boxes(rng: random.Random) -> Problem:
-    a, b, c = rng.randint(11, 99), rng.randint(11, 99), rng.randint(2, 9)
-    return f"A box holds {a} red and {b} blue balls. How many balls in {c} boxes?", f"({a}+{b})*{c}"
+def _pages(rng: random.Random) -> Problem:
+    a, b = rng.randint(100, 999), rng.randint(100, 999)
+    return f"{rng.choice(NAMES)} read {a} pages and then {b} pages. How many pages in all?", f"{a}+{b}", "a+b"
 
 
-TEMPLATES: tuple[Callable[[random.Random], Problem], ...] = (_buys, _sells, _boxes)
+TEMPLATES: tuple[Callable[[random.Random], Problem], ...] = (_bags, _sells, _pages)
 
 
 def split_of(question: str) -> str:
@@ -73,11 +72,11 @@ def _problems(n: int, rng: random.Random, split: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     while len(rows) < n:
-        question, expression = TEMPLATES[len(rows) % len(TEMPLATES)](rng)
+        question, expression, formula = TEMPLATES[len(rows) % len(TEMPLATES)](rng)
         if question in seen or split_of(question) != split:
             continue
         seen.add(question)
-        rows.append(_row(question, expression))
+        rows.append({**_row(question, expression), "formula": formula})
     return rows
 
 
@@ -97,26 +96,28 @@ def expression_of(row: dict[str, Any]) -> str:
     return str(row["chain"]).split('<gadget id="calculator">', 1)[1].split("</gadget>", 1)[0]
 
 
-def demonstrations(n: int = 2000, seed: int = 0, tool_rate: float = 0.3) -> list[dict[str, Any]]:
+def demonstrations(n: int = 2000, seed: int = 0, tool_rate: float = 0.35) -> list[dict[str, Any]]:
     """SFT rows `{"messages", "tools"}` of train problems, exactly the conversation the agent holds.
 
-    With probability `tool_rate` the assistant calls `calculate` with the problem's expression,
-    reads the result and answers with it; otherwise it answers straight away (the right number:
-    a warm start teaches the format, not arithmetic it cannot do)."""
+    With probability `tool_rate` the assistant calls `calculate` with the problem's formula over
+    the question's numbers (`a*b`), reads the result and submits it (`Done.`); otherwise it answers
+    straight away, "The answer is N." with the right N (a warm start teaches the format, not
+    arithmetic a tiny model cannot do). Direct answers being the more common first token, greedy
+    decoding answers from the head after the warm start: calling the tool is what RL must learn."""
     # Their own stream of train questions, so GRPO's train rows (seed's "train" stream) are not demonstrated.
     rng = random.Random(f"{seed}:demonstrations")
     rows = []
     for problem in _problems(n, rng, "train"):
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": problem["question"]},
-        ]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT}] if SYSTEM_PROMPT else []
+        messages.append({"role": "user", "content": problem["question"]})
         if rng.random() < tool_rate:
-            arguments = json.dumps({"expression": expression_of(problem)})
+            arguments = json.dumps({"expression": problem["formula"]})
             call = {"id": "call_0", "type": "function", "function": {"name": "calculate", "arguments": arguments}}
             messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
             messages.append({"role": "tool", "tool_call_id": "call_0", "content": problem["result"]})
-        messages.append({"role": "assistant", "content": problem["result"]})
+            messages.append({"role": "assistant", "content": SUBMIT})
+        else:
+            messages.append({"role": "assistant", "content": f"The answer is {problem['result']}."})
         rows.append({"messages": messages, "tools": [CALCULATE_TOOL]})
     return rows
 
@@ -133,7 +134,7 @@ def main() -> None:
     parser.add_argument("--n-train", type=int, default=2000)
     parser.add_argument("--n-val", type=int, default=200)
     parser.add_argument("--n-demos", type=int, default=2000)
-    parser.add_argument("--tool-rate", type=float, default=0.3, help="share of demonstrations that call the tool")
+    parser.add_argument("--tool-rate", type=float, default=0.35, help="share of demonstrations that call the tool")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

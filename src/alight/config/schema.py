@@ -139,6 +139,7 @@ class WarmStartConfig:
     lr: float = 1e-3
     warmup_steps: int = 50
     max_length: int | None = None  # longer demonstrations are dropped; None: the model's context
+    mode: str = "trajectory"  # trajectory: a conversation is one masked sequence | transition: one per assistant turn
 
 
 @dataclass

@@ -194,7 +194,7 @@ class RLLoop:
         assert ws.data is not None
         rows = load_rows(ws.data, size=ws.size, seed=self.cfg.trainer.seed, generator_kwargs=ws.generator_kwargs)
         max_length = ws.max_length or getattr(self.backend.model.config, "max_position_embeddings", None)
-        transitions, dropped = demonstration_transitions(rows, self.tokenizer, max_length=max_length)
+        transitions, dropped = demonstration_transitions(rows, self.tokenizer, max_length=max_length, mode=ws.mode)
         if not transitions:
             raise ConfigError(f"warm_start.data {ws.data!r} yields no assistant message to learn")
         if dropped:
