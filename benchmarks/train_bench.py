@@ -66,6 +66,9 @@ def main() -> None:
     parser.add_argument("--runners", type=int, default=4)
     args = parser.parse_args()
     os.chdir(REPO)  # the config names the recipe by paths relative to the repository
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [
             f"warm_start.steps={args.warm_start_steps}",

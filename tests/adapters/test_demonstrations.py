@@ -106,3 +106,27 @@ def test_max_length_drops_long_messages_and_counts_them(tokenizer: Any) -> None:
     assert (len(kept), dropped) == (2, 0)
     kept, dropped = demonstration_transitions([{"messages": MESSAGES, "tools": TOOLS}] * 3, tokenizer, max_length=5)
     assert (kept, dropped) == ([], 6)
+
+
+def test_trajectory_mode_packs_a_conversation_into_one_masked_sequence(tokenizer: Any) -> None:
+    call = {"id": "c0", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "a*b"}'}}
+    row = {
+        "messages": [
+            {"role": "user", "content": "Tom buys 12 bags of 3 apples. How many?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c0", "content": "36"},
+            {"role": "assistant", "content": "Done."},
+        ],
+        "tools": [
+            {"type": "function", "function": {"name": "calculate", "parameters": {"properties": {"expression": {}}}}}
+        ],
+    }
+    (first, second), _ = demonstration_transitions([row], tokenizer)
+    (packed,), dropped = demonstration_transitions([row], tokenizer, mode="trajectory")
+    assert dropped == 0 and packed.prompt_ids == first.prompt_ids
+    mask = packed.response_mask
+    assert mask is not None and len(mask) == len(packed.response_ids)
+    trained = [t for t, m in zip(packed.response_ids, mask, strict=True) if m]
+    assert trained == list(first.response_ids) + list(second.response_ids)  # the same targets, once each
+    inserted = tokenizer.decode([t for t, m in zip(packed.response_ids, mask, strict=True) if not m])
+    assert "36" in inserted and "<tool_response>" in inserted  # the tool result is context, not a target

@@ -16,7 +16,8 @@ ENGINES = ("embedded", "vllm", "litellm")
 
 def resolve_model(model: str) -> str:
     """What an engine that loads weights should load: "tiny", a model directory, or, for a
-    directory of training checkpoints, the newest subdirectory that holds a model (config.json)."""
+    directory of training checkpoints (or a run directory holding `checkpoints/`), the newest
+    subdirectory that holds a model (config.json)."""
     if model == "tiny":
         return model
     path = Path(model).expanduser()
@@ -24,6 +25,8 @@ def resolve_model(model: str) -> str:
         raise ConfigError(f"no model at {model}: give a model directory, a checkpoint directory or 'tiny'")
     if path.is_file() or (path / "config.json").is_file():
         return str(path)
+    if (path / "checkpoints").is_dir():  # a training run directory: its checkpoints, not its base model
+        path = path / "checkpoints"
     candidates = [child for child in path.iterdir() if (child / "config.json").is_file()]
     if not candidates:
         raise ConfigError(f"{model} holds no model (no config.json in it or in its subdirectories)")

@@ -208,6 +208,8 @@ class RLLoop:
         def progress(step: int, loss: float) -> None:
             if step % 10 == 0 or step == ws.steps:
                 self.events.on_stage("warm start", step, ws.steps, {"loss": round(loss, 4)})
+            if step % 100 == 0:
+                logger.info("warm start: step %d/%d, loss %.4f", step, ws.steps, loss)
 
         loss = self.backend.warm_start(
             batches, steps=ws.steps, lr=ws.lr, warmup_steps=ws.warmup_steps, on_progress=progress

@@ -1,0 +1,55 @@
+"""`alight train` input handling: --cfg, wrong keys and types, bad values: one line and exit 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def alight(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "alight", *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=env
+    )
+
+
+def test_cfg_prints_the_resolved_config_with_overrides() -> None:
+    done = alight("train", "configs/calc.yaml", "algorithm.lr=1e-6", "runner.n_runners=8", "--cfg")
+    assert done.returncode == 0, done.stderr
+    cfg = yaml.safe_load(done.stdout)
+    assert cfg["algorithm"]["lr"] == 1e-6 and cfg["runner"]["n_runners"] == 8
+    assert cfg["trainer"]["group_size"] == 8 and cfg["warm_start"]["data"].endswith("data.py:demonstrations")
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("trainer.bogus=1", "bogus"),
+        ("trainer.steps=abc", "trainer.steps"),
+        ("algorithm.name=dpo", "algorithm.name"),
+        ("algorithm.clip_ratio_low=1.5", "algorithm.clip_ratio_low"),
+        ("trainer.group_size=0", "trainer.group_size"),
+        ("trainer.backend=verl", "trainer.backend"),
+        ("agent.entrypoint=recipes/calc/nope.py:solve", "nope.py"),
+        ("data.train=missing.jsonl", "missing.jsonl"),
+    ],
+)
+def test_bad_input_fails_in_one_line_with_exit_code_2(override: str, named: str, tmp_path: Path) -> None:
+    done = alight("train", "configs/calc.yaml", override, f"trainer.output_dir={tmp_path}", "--no-dashboard")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], lines
+    assert done.stdout == ""
+    assert not list(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_resume_without_a_run_fails_in_one_line(tmp_path: Path) -> None:
+    done = alight("train", "configs/calc.yaml", f"trainer.output_dir={tmp_path}", "--resume", "--no-dashboard")
+    assert done.returncode == 2 and "--resume" in done.stderr and len(done.stderr.strip().splitlines()) == 1
