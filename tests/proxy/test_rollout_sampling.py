@@ -91,3 +91,11 @@ def test_unknown_sampling_keys_are_config_errors(server: ProxyServer) -> None:
     with pytest.raises(ConfigError, match="rollout sampling"):
         server.proxy.set_rollout_sampling(["ro-x"], {"temperature": 0, "temprature": 0})
     assert server.proxy.sampling_for("ro-x") == server.proxy.default_sampling  # nothing half-registered
+
+
+def test_none_values_keep_the_default(server: ProxyServer) -> None:
+    server.proxy.set_rollout_sampling(["ro-none"], {"temperature": None, "max_tokens": 3})
+    try:
+        assert server.proxy.sampling_for("ro-none") == {"temperature": 1.0, "max_tokens": 3}
+    finally:
+        server.proxy.set_rollout_sampling(["ro-none"], None)

@@ -120,7 +120,8 @@ class Proxy:
             if sampling is None:
                 self._rollout_sampling.pop(rollout_id, None)
             else:
-                self._rollout_sampling[rollout_id] = {**self.default_sampling, **sampling}
+                given = {k: v for k, v in sampling.items() if v is not None}  # None: keep the default
+                self._rollout_sampling[rollout_id] = {**self.default_sampling, **given}
 
     def sampling_for(self, rollout_id: str | None) -> Mapping[str, Any]:
         """The sampling defaults of a call made for `rollout_id`."""
