@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,16 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from alight.engines.embedded import tiny_model_dir
 
     return tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny")
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Train on one torch thread: on a shared 2-core machine a second one only waits (~100x slower)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -15,6 +15,8 @@ from alight.config.schema import AlgorithmConfig, LoraConfig
 from alight.errors import ConfigError
 from alight.types import Transition
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 PAD = 0
 
 

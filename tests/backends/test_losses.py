@@ -9,6 +9,8 @@ import torch
 
 from alight.backends import losses
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 OLD = math.log(0.4)  # any old log-prob: only the ratio matters
 
 # (advantage, ratio, clip_low, clip_high, loss, clipped term taken)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +17,7 @@ from alight.errors import ConfigError
 from alight.trainer import checkpoint as ckpt
 from alight.types import Transition
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """The tiny model trains on one thread: on a shared 2-core machine a second one only waits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def trained(tiny_dir: Path, **algorithm: Any) -> EmbeddedBackend:
