@@ -189,16 +189,26 @@ def _listen(host: str, port: int, what: str) -> socket.socket:
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """Inside: SIGTERM raises KeyboardInterrupt, like Ctrl-C (main thread only; elsewhere a no-op).
-    Once: a second SIGTERM (a supervisor insisting) must not cut the graceful shutdown short."""
+    Once: a second SIGTERM (a supervisor insisting) must not cut the graceful shutdown short.
+
+    Ctrl-C raises KeyboardInterrupt too even when the process started with SIGINT ignored, which
+    it inherits from a parent that ignored it when forking (a script's background job, or a
+    parent inside C `system()`, which ignores SIGINT while its command runs): a process that
+    serves until interrupted has to be interruptible."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.getsignal(signal.SIGTERM)
+    previous_int = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGTERM, _interrupt)
+    if previous_int == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_int == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def _interrupt(signum: int, frame: object) -> None:

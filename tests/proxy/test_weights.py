@@ -4,6 +4,7 @@ whose weights produced it (checked against a forward pass of those weights)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,9 @@ async def test_calls_in_flight_during_an_update_all_succeed_on_one_version(serve
             return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
 
         early = [asyncio.create_task(ask(i, stream=i % 2 == 0)) for i in range(4)]
-        while server.proxy.gate.in_flight == 0:  # read across threads: an int, good enough to wait on
+        deadline = time.monotonic() + 10
+        # all four inside the gate before the update starts (an int read across threads)
+        while server.proxy.gate.in_flight < len(early) and time.monotonic() < deadline:
             await asyncio.sleep(0.001)
         update = asyncio.create_task(server.proxy.update_weights(noisy, 2))
         while not server.proxy.gate.paused and not update.done():
