@@ -298,8 +298,13 @@ class RLLoop:
         indices = sampler.next_batch()
         tasks = [task_input(self.train_rows[i], cfg.data.input_field) for i in indices]
         ids = self.reusable.pop(("train", step), None)
+        if ids:  # a resumed step: the rollouts a killed run enqueued, with the seeds they had
+            rollouts.seed_sampling(step, "train", ids, None)
         ids = ids or await rollouts.enqueue(step, "train", tasks, indices, t.group_size)
-        ended = await rollouts.wait(step, ids, t.step_timeout_s, t.min_batch_fraction)
+        try:
+            ended = await rollouts.wait(step, ids, t.step_timeout_s, t.min_batch_fraction)
+        finally:
+            rollouts.set_sampling(ids, None)
         rollout_s = time.monotonic() - started
 
         clock = time.monotonic()
@@ -352,8 +357,9 @@ class RLLoop:
         tasks = [task_input(row, cfg.data.input_field) for row in self.val_rows]
         ids = self.reusable.pop(("val", step), None)
         sampling = {"temperature": t.val_temperature}
+        if ids:
+            rollouts.seed_sampling(step, "val", ids, sampling)
         ids = ids or await rollouts.enqueue(step, "val", tasks, list(range(len(tasks))), 1, sampling=sampling)
-        rollouts.set_sampling(ids, sampling)
         try:
             ended = await rollouts.wait(step, ids, t.step_timeout_s, t.min_batch_fraction, stage="validation")
         finally:

@@ -67,10 +67,17 @@ class StepRollouts:
             for _ in range(group_size)
         ]
         ids = [r.rollout_id for r in rollouts]
-        if sampling is not None:  # before enqueueing: a runner may claim them at once
-            self.set_sampling(ids, sampling)
+        self.seed_sampling(step, split, ids, sampling)  # before enqueueing: a runner may claim them at once
         await self.store.enqueue(rollouts)
         return ids
+
+    def seed_sampling(self, step: int, split: str, ids: Sequence[str], sampling: Mapping[str, Any] | None) -> None:
+        """Each rollout samples with its own seed, from the run's seed, the step and its position:
+        the embedded engine gives a seeded request its own generator, so the draws do not depend
+        on how concurrent agents' calls happen to be batched, and a seeded run repeats itself."""
+        base = self.cfg.trainer.seed * 1_000_003 + step * 10_007 + (0 if split == "train" else 5_003)
+        for i, rollout_id in enumerate(ids):
+            self.set_sampling([rollout_id], {**(sampling or {}), "seed": (base + i * 7_919) % 2**31})
 
     def set_sampling(self, ids: Sequence[str], sampling: Mapping[str, Any] | None) -> None:
         self.stack.proxy_server.proxy.set_rollout_sampling(ids, sampling)
