@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import math
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +61,7 @@ class RLLoop:
         self.tokenizer: Any = None
         self.metrics_log: Any = None
         self.base_dir: Path | None = None
+        self.warm_start_metrics: dict[str, float] = {}  # logged with step 0
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> FitResult:
@@ -274,7 +274,7 @@ class RLLoop:
             sampler = TaskSampler(len(self.train_rows), t.batch_size, t.seed, self.position)
             logged = {r.get("step") for r in self.metrics_log.rows()}
             if self.step == 0 and 0 not in logged:
-                metrics: dict[str, Any] = {"step": 0, "weights_version": 0, **getattr(self, "warm_start_metrics", {})}
+                metrics: dict[str, Any] = {"step": 0, "weights_version": 0, **self.warm_start_metrics}
                 if self.val_rows:
                     metrics.update(await self._validate(rollouts, 0))
                 self._log(metrics)
@@ -374,7 +374,3 @@ class RLLoop:
         self.events.on_step(clean)
         if (clean.get("step") or 0) > 0 and clean.get("rollouts/succeeded", 1) == 0:
             raise TrainingError(f"step {clean['step']}: every rollout failed; see {self.run_dir / LOG_FILE}")
-
-
-def status_counts(statuses: Sequence[str]) -> dict[str, int]:
-    return dict(Counter(statuses))

@@ -16,7 +16,7 @@ import logging
 import random
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,6 +215,3 @@ def demonstration_batches(transitions: Sequence[Any], batch_size: int, pad_id: i
         rng.shuffle(order)
         for start in range(0, len(order) - batch_size + 1 if len(order) >= batch_size else 1, batch_size):
             yield TransitionBatch.from_transitions([transitions[i] for i in order[start : start + batch_size]], pad_id)
-
-
-ProgressFn = Callable[[int, float], None]
