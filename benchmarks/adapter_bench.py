@@ -19,9 +19,12 @@ groups), the timed pipeline runs as the trainer's does:
 Cases: `transition` (one transition per LLM call) through the columnar fast path
 (`LightningRL.batch_from_store`: `SqliteStore.llm_columns` reads every LLM call of the step as flat
 numpy arrays, then agent_match, truncation, credit, advantages and the batch are numpy over the
-whole step, no Python object per span or transition; its split is read_s and build_s), the same
-mode through the object path above (`transition_objects`), and `trajectory` (an agent's calls
-merged into one masked sequence; object path). Rows per case: transitions_per_s (transitions made
+whole step, no Python object per span or transition; its split is read_s and build_s); `http`, the
+same path over a store server (the SQLite store behind `alight store`'s HTTP server on loopback, in
+this process: `StoreClient.llm_columns` gets the step's columns as one binary body; its row
+sqlite_ratio is its transitions/s over the `transition` case's, in the same run); the same mode
+through the object path above (`transition_objects`); and `trajectory` (an agent's calls merged
+into one masked sequence; object path). Rows per case: transitions_per_s (transitions made
 / total seconds), calls_per_s (LLM calls adapted / total seconds, comparable across modes) and the
 split read_s, adapt_s, advantages_s, batch_s, total_s (seconds for all rollouts). Each value is the
 median of --repeat runs. The cyclic GC is paused during each step, as the trainer should do (the
@@ -29,12 +32,13 @@ pipeline allocates millions of objects and no cycle; the collections cost about 
 measures with it on.
 
 Usage: python benchmarks/adapter_bench.py [--json] [--repeat 3] [--rollouts 10000]
-       [--cases transition,transition_objects,trajectory]
+       [--cases transition,http,transition_objects,trajectory]
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import statistics
 import sys
@@ -47,6 +51,9 @@ from adapter_data import populate
 from alight.adapters import AdapterStats
 from alight.algorithms import LightningRL
 from alight.config.schema import AdapterConfig, AlgorithmConfig
+from alight.store.base import Store
+from alight.store.client import StoreClient
+from alight.store.server import StoreServer
 from alight.store.sqlite import SqliteStore
 from bench_report import arguments, emit, median_row
 
@@ -55,7 +62,7 @@ COLUMNAR_PHASES = ("read", "build")
 
 
 async def run_columnar(
-    store: SqliteStore, ids: list[str], rl: LightningRL, step_rollouts: int, pause_gc: bool = True
+    store: Store, ids: list[str], rl: LightningRL, step_rollouts: int, pause_gc: bool = True
 ) -> dict[str, float]:
     """`run_once` through `LightningRL.batch_from_store`'s two halves: the columnar read, then the build."""
     clock = time.perf_counter
@@ -120,18 +127,29 @@ async def run_once(
 
 
 def measure(path: Path, ids: list[str], case: str, args: Any) -> list[dict[str, float]]:
-    mode = "transition" if case == "transition_objects" else case
+    mode = "transition" if case in ("transition_objects", "http") else case
     rl = LightningRL.from_config(
         AdapterConfig(agent_match=args.agent_match, mode=mode, credit=args.credit), AlgorithmConfig(advantage="grpo")
     )
-    run = run_columnar if case == "transition" else run_once
+    run = run_columnar if case in ("transition", "http") else run_once
 
-    async def runs() -> list[dict[str, float]]:
+    async def runs(store: Store) -> list[dict[str, float]]:
+        await run(store, ids[: args.step_rollouts], rl, args.step_rollouts)  # warm-up: imports, caches
+        return [await run(store, ids, rl, args.step_rollouts, not args.keep_gc) for _ in range(args.repeat)]
+
+    async def local() -> list[dict[str, float]]:
         async with SqliteStore(path) as store:
-            await run(store, ids[: args.step_rollouts], rl, args.step_rollouts)  # warm-up: imports, caches
-            return [await run(store, ids, rl, args.step_rollouts, not args.keep_gc) for _ in range(args.repeat)]
+            return await runs(store)
 
-    return asyncio.run(runs())
+    async def remote(url: str) -> list[dict[str, float]]:
+        async with StoreClient(url) as client:
+            return await runs(client)
+
+    if case != "http":
+        return asyncio.run(local())
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(StoreServer(SqliteStore(path), watchdog_interval_s=None))
+        return asyncio.run(remote(server.url))
 
 
 def rows(case: str, runs: list[dict[str, float]], show: bool) -> list[dict[str, Any]]:
@@ -139,14 +157,14 @@ def rows(case: str, runs: list[dict[str, float]], show: bool) -> list[dict[str, 
         median_row(case, "transitions_per_s", [r["transitions"] / r["total"] for r in runs], show_runs=show),
         median_row(case, "calls_per_s", [r["calls"] / r["total"] for r in runs], show_runs=show),
     ]
-    phases = COLUMNAR_PHASES if case == "transition" else PHASES
+    phases = COLUMNAR_PHASES if case in ("transition", "http") else PHASES
     for phase in (*phases, "total"):
         out.append(median_row(case, f"{phase}_s", [r[phase] for r in runs], digits=3, show_runs=show))
     return out
 
 
 def main() -> None:
-    parser = arguments(__doc__, cases="transition,transition_objects,trajectory", repeat=3)
+    parser = arguments(__doc__, cases="transition,http,transition_objects,trajectory", repeat=3)
     parser.add_argument("--rollouts", type=int, default=10_000, help="rollouts in the store")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per task (GRPO group)")
     parser.add_argument("--calls", type=int, default=5, help="LLM calls per rollout")
@@ -171,6 +189,11 @@ def main() -> None:
             if not args.json:
                 made = statistics.median(r["transitions"] for r in runs)
                 print(f"{case}: {made:.0f} transitions from {args.rollouts} rollouts", file=sys.stderr)
+    speed = {r["case"]: r["value"] for r in results if r["metric"] == "transitions_per_s"}
+    if "http" in speed and "transition" in speed:  # the store server's share of SQLite's speed, same run
+        results.append(
+            {"case": "http", "metric": "sqlite_ratio", "value": round(speed["http"] / speed["transition"], 3)}
+        )
     title = (
         f"{args.rollouts} rollouts x {args.calls} LLM calls, groups of {args.group_size}, steps of "
         f"{args.step_rollouts} rollouts, median of {args.repeat} runs"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from alight import semconv
-from alight.types import Span, SpanKind, SpanStatus
+from alight.store import Store
+from alight.types import AttemptStatus, Rollout, Span, SpanKind, SpanStatus, Task
 
 
 class Trace:
@@ -92,3 +94,67 @@ class Trace:
     def dicts(self) -> list[dict[str, Any]]:
         """The spans as plain dicts in Span's JSON shape (what a bulk store read hands over)."""
         return [span.model_dump(mode="json") for span in self.spans]
+
+
+# -- stores full of varied rollouts (columnar path tests) ----------------------------------------
+
+AGENTS = ("writer", "checker", "critic", None)
+#: What a rollout may hold that LightningRL's columnar path leaves to the object path.
+SLOW = ("client_call", "no_logprobs", "mid_reward", "parent_agent", "same_seq", "empty_response")
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(1000) for _ in range(n)]
+
+
+def _trace(rng: random.Random, rollout_id: str, attempt_id: str, slow: str | None) -> Trace:
+    t = Trace(rollout_id, attempt_id)
+    root = t.agent("root")
+    for _ in range(rng.randint(0, 5)):
+        agent = rng.choice(AGENTS)
+        t.llm(_ids(rng, rng.randint(1, 12)), _ids(rng, rng.randint(1, 7)), agent=agent)
+        if rng.random() < 0.3:
+            t.tool("run_sql", error=rng.random() < 0.5, sql="SELECT 1")
+    if slow == "client_call":
+        t.llm(None, None, messages=[{"role": "user", "content": "hi"}])
+    elif slow == "no_logprobs":
+        t.llm([1, 2], [3], logprobs=None)
+    elif slow == "mid_reward":
+        t.reward(0.5)
+        t.llm([4, 5, 6], [7, 8])
+    elif slow == "parent_agent":
+        t.llm([1, 2, 3], [4], agent=None, parent_id=root.span_id)
+    elif slow == "same_seq":
+        t.llm([1, 2, 3], [4, 5], sequence_id=t._seq)
+    elif slow == "empty_response":
+        t.llm([1, 2], [])
+    roll = rng.random()
+    if roll < 0.5:
+        t.reward(rng.choice([0.0, 1.0, 0.25]), "final")
+    elif roll < 0.7:
+        t.reward(rng.choice([0.0, 1.0, -0.5]))  # the episode's own reward, not named "final"
+    return t
+
+
+async def fill_store(store: Store, seed: int, n: int) -> list[str]:
+    """`n` rollouts in groups of 1 to 4 (some without a group), each finished or never claimed."""
+    rng = random.Random(seed)
+    ids: list[str] = []
+    group, unclaimed = 0, []
+    while len(ids) < n:
+        size, group = rng.randint(1, 4), group + 1
+        for _ in range(size):
+            rollout = Rollout(task=Task(input={"q": group}), group_id=None if rng.random() < 0.1 else f"g{group}")
+            ids.append(rollout.rollout_id)
+            if rng.random() < 0.05:
+                unclaimed.append(rollout)  # never claimed: no attempt, no spans
+                continue
+            await store.enqueue([rollout])
+            claim = await store.dequeue("w0")
+            assert claim is not None and claim.rollout.rollout_id == rollout.rollout_id
+            slow = rng.choice(SLOW) if rng.random() < 0.2 else None
+            await store.add_spans(_trace(rng, rollout.rollout_id, claim.attempt.attempt_id, slow).spans)
+            reward = None if rng.random() < 0.3 else rng.choice([0.0, 1.0, 0.5, 0.1])
+            await store.finish_attempt(claim.attempt.attempt_id, AttemptStatus.SUCCEEDED, reward=reward)
+    await store.enqueue(unclaimed)
+    return ids

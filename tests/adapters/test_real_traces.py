@@ -24,8 +24,8 @@ import pytest
 
 from alight import semconv
 from alight.algorithms import LightningRL
+from alight.chat_template import render_prompt, render_reply
 from alight.config.schema import AdapterConfig, AlgorithmConfig
-from alight.engines.chat_template import render_prompt, render_reply
 from alight.types import Rollout, RolloutStatus, Span, SpanKind, Task, Transition
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from alight.chat_template import render_prompt
 from alight.engines.base import ChatRequest, Generation, SamplingParams, TextDelta
-from alight.engines.chat_template import render_prompt
 from alight.engines.embedded import EmbeddedEngine
 
 torch = pytest.importorskip("torch")

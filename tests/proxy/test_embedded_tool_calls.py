@@ -20,7 +20,7 @@ pytest.importorskip("torch")
 
 @pytest.mark.slow
 def test_overfit_tool_call_through_the_proxy(tiny_dir: Path) -> None:
-    from alight.engines.chat_template import render_prompt
+    from alight.chat_template import render_prompt
     from alight.engines.embedded import EmbeddedEngine
     from tests.engines.test_embedded_tool_calls import MESSAGES, TARGET, TOOLS, overfit
 

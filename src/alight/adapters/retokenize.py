@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from alight import semconv
+from alight.chat_template import ChatTokenizer, render_prompt, render_reply
 from alight.errors import AlightError
 
 logger = logging.getLogger(__name__)
@@ -21,10 +22,13 @@ logger = logging.getLogger(__name__)
 TokenizeFn = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]], tuple[list[int], list[int]]]
 
 
-def retokenize(tokenizer: Any, attributes: Mapping[str, Any]) -> tuple[list[int], list[int]] | None:
+def retokenize(
+    tokenizer: ChatTokenizer | TokenizeFn, attributes: Mapping[str, Any]
+) -> tuple[list[int], list[int]] | None:
     """(prompt ids, response ids) of an LLM span rebuilt with `tokenizer`, or None if it cannot be done.
 
-    `tokenizer` is a Hugging Face tokenizer with a chat template, or a `TokenizeFn`. Chat spans
+    `tokenizer` is a tokenizer with a chat template (`alight.chat_template.ChatTokenizer`, such as a
+    Hugging Face tokenizer), or a `TokenizeFn`. Chat spans
     need LLM_REQUEST_MESSAGES and LLM_RESPONSE_MESSAGE; completion spans LLM_REQUEST_PROMPT and
     LLM_RESPONSE_TEXT (encoded as they are).
     """
@@ -32,7 +36,7 @@ def retokenize(tokenizer: Any, attributes: Mapping[str, Any]) -> tuple[list[int]
     tools = attributes.get(semconv.LLM_REQUEST_TOOLS) or None
     reply = attributes.get(semconv.LLM_RESPONSE_MESSAGE)
     try:
-        if not hasattr(tokenizer, "apply_chat_template"):
+        if not isinstance(tokenizer, ChatTokenizer):
             if not isinstance(messages, list) or not isinstance(reply, dict):
                 return None
             prompt_ids, response_ids = tokenizer(messages, tools, reply)
@@ -48,10 +52,8 @@ def retokenize(tokenizer: Any, attributes: Mapping[str, Any]) -> tuple[list[int]
 
 
 def _chat_ids(
-    tokenizer: Any, messages: list[Any], tools: Any, reply: dict[str, Any], finish_reason: Any
+    tokenizer: ChatTokenizer, messages: list[Any], tools: Any, reply: dict[str, Any], finish_reason: Any
 ) -> tuple[list[int], list[int]]:
-    from alight.engines.chat_template import render_prompt, render_reply
-
     prompt = render_prompt(tokenizer, messages, tools)
     reply_ids = list(tokenizer.encode(render_reply(tokenizer, messages, tools, reply), add_special_tokens=False))
     ends = [i for i, token in enumerate(reply_ids) if token in _end_ids(tokenizer)]
@@ -60,7 +62,7 @@ def _chat_ids(
     return list(tokenizer.encode(prompt, add_special_tokens=False)), reply_ids
 
 
-def _end_ids(tokenizer: Any) -> set[int]:
+def _end_ids(tokenizer: ChatTokenizer) -> set[int]:
     ends = {tokenizer.eos_token_id}
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:

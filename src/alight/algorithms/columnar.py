@@ -1,7 +1,7 @@
 """The columnar fast path of LightningRL: stored LLM calls -> `TransitionBatch` with no Python object
 per span or per transition.
 
-`LightningRL.batch_from_store` reads the rollouts as columns (`SqliteStore.llm_columns`) and does
+`LightningRL.batch_from_store` reads the rollouts as columns (`Store.llm_columns`) and does
 here, with numpy over every call of the step at once, what `SpanAdapter.adapt`, credit assignment
 and `TransitionBatch.from_transitions` do one object at a time: agent_match (the regex runs once
 per distinct agent name), truncation (lengths and offsets), step indices (cumulative counts),
@@ -26,7 +26,7 @@ from alight.adapters.spans import is_final_reward, reward_value
 from alight.algorithms.advantages import compute_advantages, group_index
 from alight.algorithms.credit import Credit
 from alight.semconv import AGENT_NAME
-from alight.store.sqlite_columns import LLMColumns
+from alight.store.columns import LLMColumns
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]

@@ -31,8 +31,8 @@ from alight.algorithms.batch import TransitionBatch
 from alight.algorithms.credit import Credit, make_credit
 from alight.config.schema import AdapterConfig, AlgorithmConfig
 from alight.errors import ConfigError
-from alight.store.sqlite_bulk import gc_paused
-from alight.store.sqlite_columns import LLMColumns
+from alight.store.base import Store
+from alight.store.columns import LLMColumns, gc_paused
 from alight.types import Rollout, Transition
 
 
@@ -129,23 +129,19 @@ class LightningRL:
         return self.adapter.mode == "transition" and self.credit.user_fn is None
 
     async def batch_from_store(
-        self, store: Any, rollout_ids: Sequence[str], pad_id: int
+        self, store: Store, rollout_ids: Sequence[str], pad_id: int
     ) -> tuple[TransitionBatch | None, AdapterStats]:
         """The batch of the stored rollouts' latest attempts (None: no transition) and the adapter's counts.
 
-        `store` is any `Store`. The same batch and counts as `adapt_rollouts` then `batch` over
-        `store.rollout_dicts(ids)` and `store.span_dicts(ids, arrays=True)`; from a store with
-        `llm_columns` (`SqliteStore`) and when `columnar` holds, built from its columns with numpy
-        over every call at once (`alight.algorithms.columnar`), rollouts the columns cannot
-        describe being adapted as objects. Duplicate ids count once.
+        The same batch and counts as `adapt_rollouts` then `batch` over `store.rollout_dicts(ids)` and
+        `store.span_dicts(ids, arrays=True)`, from any store (memory, SQLite, a store server over
+        HTTP). When `columnar` holds, built from the store's `llm_columns` with numpy over every call
+        at once (`alight.algorithms.columnar`), rollouts the columns cannot describe being adapted as
+        objects. Duplicate ids count once.
         """
         ids = list(dict.fromkeys(rollout_ids))
-        if not (self.columnar and hasattr(store, "llm_columns")):
-            if hasattr(store, "span_dicts"):
-                rollouts, spans = await store.rollout_dicts(ids), await store.span_dicts(ids, arrays=True)
-            else:  # any `Store`: one rollout at a time
-                rollouts = [await store.get_rollout(i) for i in ids]
-                spans = {i: await store.query_spans(i) for i in ids}
+        if not self.columnar:
+            rollouts, spans = await store.rollout_dicts(ids), await store.span_dicts(ids, arrays=True)
             transitions, stats = self.adapt_rollouts(rollouts, spans)
             return (self.batch(transitions, pad_id) if transitions else None), stats
         with gc_paused():
@@ -153,7 +149,7 @@ class LightningRL:
             return await self.batch_from_columns(store, columns, pad_id)
 
     async def batch_from_columns(
-        self, store: Any, cols: LLMColumns, pad_id: int
+        self, store: Store, cols: LLMColumns, pad_id: int
     ) -> tuple[TransitionBatch | None, AdapterStats]:
         """`batch_from_store` once the columns are read (`store` serves the rollouts adapted as objects)."""
         stats = AdapterStats()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from alight.chat_template import render_prompt
 from alight.engines.base import (
     ChatRequest,
     CompletionRequest,
@@ -29,7 +30,6 @@ from alight.engines.base import (
     StreamEvent,
     TextDelta,
 )
-from alight.engines.chat_template import render_prompt
 from alight.engines.sampling import Sequence, SequenceOutput, generate
 from alight.engines.toolcalls import PlainTextStream, ToolCallStreamFilter, assistant_message, validate_tools
 from alight.engines.weights import load_weights_into

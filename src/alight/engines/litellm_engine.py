@@ -15,8 +15,8 @@ import os
 import threading
 from typing import Any
 
+from alight.chat_template import render_prompt, render_reply, template_messages
 from alight.engines.base import ChatRequest, CompletionRequest, Engine, Generation, SamplingParams
-from alight.engines.chat_template import render_prompt, render_reply, template_messages
 from alight.engines.openai_response import generation_from_response, optional_sampling
 from alight.engines.toolcalls import validate_tools
 from alight.errors import AlightError, ConfigError, ContextLengthError, EngineUnavailableError, InvalidRequestError

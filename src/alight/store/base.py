@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
+from alight.store.columns import LLMColumns, columns_from_spans
 from alight.types import (
     Attempt,
     AttemptStatus,
@@ -82,6 +83,46 @@ class Store(abc.ABC):
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         """Spans of a rollout ordered by sequence id: of its latest attempt by default, of one
         attempt, or of all attempts with `attempt_id=ALL_ATTEMPTS`."""
+
+    # -- bulk reads: what the trainer reads each step ----------------------------------------
+    # Every store answers these; the defaults build them from the methods above, one rollout at a
+    # time. SQLite reads them in a few queries from binary columns, the HTTP client in one request.
+    async def rollout_dicts(self, rollout_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The rollouts as plain dicts in Rollout's JSON shape, in the order given (duplicates once).
+        NotFoundError for an unknown rollout."""
+        return [(await self.get_rollout(i)).model_dump(mode="json") for i in dict.fromkeys(rollout_ids)]
+
+    async def span_dicts(
+        self, rollout_ids: Sequence[str], *, all_attempts: bool = False, arrays: bool = False
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The spans of many rollouts as plain dicts in Span's JSON shape, keyed by rollout id in the
+        order given, each list ordered as `query_spans` orders it (the latest attempt's spans, or
+        with `all_attempts` every attempt's). With `arrays`, a store may give token ids and log-probs
+        as read-only numpy arrays instead of lists, and an LLM span whose ids it holds as arrays as a
+        lean dict (ids, kind, agent name, parent, times: what the adapter reads). NotFoundError for an
+        unknown rollout; a rollout never claimed has no spans."""
+        attempt = ALL_ATTEMPTS if all_attempts else None
+        out: dict[str, list[dict[str, Any]]] = {}
+        for rollout_id in dict.fromkeys(rollout_ids):
+            await self.get_rollout(rollout_id)
+            out[rollout_id] = [s.model_dump(mode="json") for s in await self.query_spans(rollout_id, attempt)]
+        return out
+
+    async def llm_columns(self, rollout_ids: Sequence[str], *, tool_spans: bool = False) -> LLMColumns:
+        """The latest attempt of each rollout as columns (`alight.store.columns.LLMColumns`): its LLM
+        spans with exact int32 ids and float64 log-probs as flat numpy arrays, its other spans as
+        dicts (not agent spans; tool spans only with `tool_spans`). NotFoundError for an unknown
+        rollout. The trainer's fastest read (`LightningRL.batch_from_store`)."""
+        ids = list(dict.fromkeys(rollout_ids))
+        rollouts = await self.rollout_dicts(ids)
+        latest: list[str | None] = []
+        spans: dict[str, list[Span]] = {}
+        for rollout_id in ids:
+            attempts = await self.list_attempts(rollout_id)
+            latest.append(attempts[-1].attempt_id if attempts else None)
+            if attempts:
+                spans[rollout_id] = await self.query_spans(rollout_id)
+        return columns_from_spans(rollouts, latest, spans, tool_spans=tool_spans)
 
     # -- reading ----------------------------------------------------------------------------
     @abc.abstractmethod

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Mapping, Sequence
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
@@ -33,6 +34,7 @@ from alight.errors import (
 )
 from alight.store import wire
 from alight.store.base import Store
+from alight.store.columns import LLMColumns, decode_columns, gc_paused
 from alight.store.span_batcher import SpanBatcher
 from alight.store.wire import IDEMPOTENCY_HEADER, one_line
 from alight.types import (
@@ -247,6 +249,27 @@ class StoreClient(Store):
         return wire.SPANS.validate_json(await self._call("GET", path))
 
     # -- reading --------------------------------------------------------------------------
+    # -- bulk reads: one request each, whatever the number of rollouts --------------------------
+    async def rollout_dicts(self, rollout_ids: Sequence[str]) -> list[dict[str, Any]]:
+        body = orjson.dumps({"rollout_ids": list(dict.fromkeys(rollout_ids))})
+        answer: list[dict[str, Any]] = orjson.loads(await self._call("POST", "/store/bulk/rollouts", body))
+        return answer
+
+    async def span_dicts(
+        self, rollout_ids: Sequence[str], *, all_attempts: bool = False, arrays: bool = False
+    ) -> dict[str, list[dict[str, Any]]]:
+        # With `arrays`, lean LLM span dicts as the server's store makes them, their ids as lists.
+        ids = list(dict.fromkeys(rollout_ids))
+        body = orjson.dumps({"rollout_ids": ids, "all_attempts": all_attempts, "arrays": arrays})
+        with gc_paused():
+            answer: dict[str, list[dict[str, Any]]] = orjson.loads(await self._call("POST", "/store/bulk/spans", body))
+        return answer
+
+    async def llm_columns(self, rollout_ids: Sequence[str], *, tool_spans: bool = False) -> LLMColumns:
+        # The server reads the columns from its own store and sends them as one binary body.
+        body = orjson.dumps({"rollout_ids": list(dict.fromkeys(rollout_ids)), "tool_spans": tool_spans})
+        return decode_columns(await self._call("POST", "/store/bulk/columns", body))
+
     async def get_rollout(self, rollout_id: str) -> Rollout:
         return wire.ROLLOUT.validate_json(await self._call("GET", f"/store/rollouts/{_quote(rollout_id)}"))
 

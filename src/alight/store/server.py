@@ -27,6 +27,8 @@ from alight.errors import AlightError, ConfigError, InvalidRequestError, Payload
 from alight.serving import BackgroundServer
 from alight.store import wire
 from alight.store.base import ALL_ATTEMPTS, Store
+from alight.store.columns import MEDIA_TYPE as COLUMNS_MEDIA_TYPE
+from alight.store.columns import encode_columns, gc_paused
 from alight.store.otlp import receive_traces  # opentelemetry-proto loads on the first request
 from alight.store.wire import IDEMPOTENCY_HEADER, one_line, validation_message
 
@@ -44,15 +46,17 @@ def _error(status: int, code: str, message: str) -> Response:
     return Response(wire.error_body(code, message), status_code=status, media_type=JSON)
 
 
-Handler = Callable[[Request], Awaitable[bytes]]
+Handler = Callable[[Request], Awaitable[bytes | Response]]
 
 
 def _respond(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """Turn a handler returning JSON bytes into an endpoint that answers every failure as JSON."""
+    """Turn a handler returning JSON bytes (or its own response) into an endpoint that answers
+    every failure as JSON."""
 
     async def endpoint(request: Request) -> Response:
         try:
-            return Response(await handler(request), media_type=JSON)
+            answer = await handler(request)
+            return answer if isinstance(answer, Response) else Response(answer, media_type=JSON)
         except AlightError as err:
             return _error(err.http_status, err.code, str(err))
         except ValidationError as err:
@@ -229,6 +233,22 @@ def create_app(
         )
         return wire.SPANS.dump_json(spans)
 
+    # -- bulk reads: the trainer's, one request for a whole step -------------------------
+    async def bulk_rollouts(request: Request) -> bytes:
+        parsed = wire.parse_body(wire.BulkReadBody, await body(request))
+        return orjson.dumps(await store.rollout_dicts(parsed.rollout_ids))
+
+    async def bulk_spans(request: Request) -> bytes:
+        parsed = wire.parse_body(wire.BulkReadBody, await body(request))
+        spans = await store.span_dicts(parsed.rollout_ids, all_attempts=parsed.all_attempts, arrays=parsed.arrays)
+        return orjson.dumps(spans, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    async def bulk_columns(request: Request) -> Response:
+        parsed = wire.parse_body(wire.BulkReadBody, await body(request))
+        with gc_paused():
+            columns = await store.llm_columns(parsed.rollout_ids, tool_spans=parsed.tool_spans)
+            return Response(encode_columns(columns), media_type=COLUMNS_MEDIA_TYPE)
+
     # -- reading --------------------------------------------------------------------------
     async def get_rollout(request: Request) -> bytes:
         return wire.ROLLOUT.dump_json(await store.get_rollout(request.path_params["rollout_id"]))
@@ -319,6 +339,9 @@ def create_app(
     route("/store/rollouts/{rollout_id}/attempts", "GET", list_attempts)
     route("/store/rollouts/{rollout_id}/spans", "GET", query_spans)
     route("/store/wait", "POST", wait)
+    route("/store/bulk/rollouts", "POST", bulk_rollouts)
+    route("/store/bulk/spans", "POST", bulk_spans)
+    route("/store/bulk/columns", "POST", bulk_columns)
     route("/store/resources", "POST", add_resources, idempotent=True)
     route("/store/resources/latest", "GET", latest_resources)
     route("/store/resources/{version}", "GET", get_resources)

@@ -26,7 +26,7 @@ import orjson
 from alight.errors import NotFoundError, StoreError
 from alight.store import lifecycle, sqlite_bulk, sqlite_columns
 from alight.store.base import EndSignal, Store, all_status_counts, wait_until_ended
-from alight.store.sqlite_columns import LLMColumns
+from alight.store.columns import LLMColumns
 from alight.store.sqlite_schema import SCHEMA, check_schema, insert_spans, restore_attributes, span_row
 from alight.types import (
     Attempt,
@@ -283,33 +283,19 @@ class SqliteStore(Store):
                 spans.append(span)
         return spans
 
+    # -- bulk reads (see `Store`): a few queries whatever the number of rollouts, no pydantic -----
     async def span_dicts(
         self, rollout_ids: Sequence[str], *, all_attempts: bool = False, arrays: bool = False
     ) -> dict[str, list[dict[str, Any]]]:
-        """The spans of many rollouts as plain dicts (the stored JSON, `sequence_id` from its column),
-        keyed by rollout id in the order given, each list ordered as `query_spans` orders it: the
-        latest attempt's spans, or with `all_attempts` every attempt's, first attempt first.
-
-        Two queries whatever the number of rollouts and no pydantic: the trainer's bulk read.
-        With `arrays`, token ids and log-probs held in binary come back as read-only numpy arrays
-        (int32 ids, float64 log-probs) instead of lists, and an LLM span holding all three in binary
-        is a lean dict built from columns: rollout_id, attempt_id, sequence_id, span_id, parent_id,
-        kind, start_time, and attributes with only the agent name (when set) and the three arrays
-        (what the adapter reads); the other spans are complete. Raises NotFoundError for an unknown rollout; a
-        rollout never claimed has no spans."""
+        # With `arrays`, an LLM span holding its three id attributes in binary is built from columns
+        # without parsing its JSON (`alight.store.sqlite_bulk`).
         return sqlite_bulk.span_dicts(self._db, rollout_ids, all_attempts=all_attempts, arrays=arrays)
 
     async def rollout_dicts(self, rollout_ids: Sequence[str]) -> list[dict[str, Any]]:
-        """The stored rollouts as plain dicts (Rollout's JSON shape), in the order given, in one
-        query and without pydantic: with `span_dicts`, what the adapter reads. NotFoundError for an
-        unknown rollout."""
         return sqlite_bulk.rollout_dicts(self._db, rollout_ids)
 
     async def llm_columns(self, rollout_ids: Sequence[str], *, tool_spans: bool = False) -> LLMColumns:
-        """The latest attempt of each rollout read as columns (`alight.store.sqlite_columns.LLMColumns`):
-        its LLM spans with binary ids as flat numpy arrays, its other spans as dicts (not agent spans,
-        tool spans only with `tool_spans`). NotFoundError for an unknown rollout. The trainer's
-        fastest read (`LightningRL.batch_from_store`)."""
+        # One query; the binary columns joined and read with one np.frombuffer each.
         return sqlite_columns.llm_columns(self._db, rollout_ids, tool_spans=tool_spans)
 
     # -- reading ----------------------------------------------------------------------------

@@ -8,10 +8,8 @@ stored bytes: what the adapter needs, at a fraction of the cost of Python lists.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,27 +17,12 @@ import orjson
 
 from alight.errors import NotFoundError
 from alight.semconv import AGENT_NAME
-from alight.store.sqlite_schema import ID_ATTRIBUTES, restore_attributes
+from alight.store.columns import ID_ATTRIBUTES, ID_DTYPE, LOGPROB_DTYPE, gc_paused
+from alight.store.sqlite_schema import restore_attributes
 
-#: dtypes of the binary columns as numpy reads them (the file is little-endian).
-ID_DTYPE = np.dtype("<i4")
-LOGPROB_DTYPE = np.dtype("<f8")
 _DTYPES: tuple[np.dtype[Any], ...] = (ID_DTYPE, ID_DTYPE, LOGPROB_DTYPE)
 
 _LEAN = "prompt_ids IS NOT NULL AND response_ids IS NOT NULL AND response_logprobs IS NOT NULL"
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC: decoding JSON allocates millions of containers and no cycle, and the
-    collections it would trigger (rescanning every live object) double the time of a bulk read."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _ids_json(ids: Sequence[str]) -> str:

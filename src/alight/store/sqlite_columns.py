@@ -1,4 +1,4 @@
-"""The trainer's columnar read of a SQLite store: many rollouts' LLM calls as flat numpy arrays.
+"""`SqliteStore.llm_columns`: many rollouts' LLM calls as flat numpy arrays straight from the binary columns.
 
 `span_dicts(arrays=True)` still builds a dict and three arrays per span; at tens of thousands of
 calls a step that per-span Python work is most of the read. Here the LLM spans whose ids are all
@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import orjson
 
-from alight.store.sqlite_bulk import ID_DTYPE, LOGPROB_DTYPE, _ids_json, check_rollouts_exist, gc_paused
+from alight.store.columns import ID_DTYPE, LOGPROB_DTYPE, Ints, LLMColumns, gc_paused, unread_kinds
+from alight.store.sqlite_bulk import _ids_json, check_rollouts_exist
 
 _ARROWS = sqlite3.sqlite_version_info >= (3, 38)
 _LEAN = "prompt_ids IS NOT NULL AND response_ids IS NOT NULL AND response_logprobs IS NOT NULL"
@@ -29,47 +27,6 @@ _LEAN = "prompt_ids IS NOT NULL AND response_ids IS NOT NULL AND response_logpro
 # is escaped). tests/store/test_sqlite_columns.py holds this assumption to account.
 _KIND_AT = 'instr(data, \'"kind":"\') + 8'
 _KIND = f"substr(data, {_KIND_AT}, instr(substr(data, {_KIND_AT}, 16), '\"') - 1)"
-
-Ints = npt.NDArray[np.int64]
-
-
-def _no_ints() -> Ints:
-    return np.zeros(0, dtype=np.int64)
-
-
-@dataclass(slots=True)
-class LLMColumns:
-    """The latest attempt of each rollout, its lean LLM spans as columns and its other spans as dicts.
-
-    Per rollout (the order given, duplicates dropped): `rollout_ids`, `attempt_ids` (None: never
-    claimed), `group_ids`, `rewards` (Rollout.reward). Per lean LLM span, rollouts in order, each
-    rollout's spans by sequence id: `rollout_index`, `sequence_ids`, `span_ids`, `agents` (the
-    agent-name column), `parent_ids`, and flat `prompt_ids`/`response_ids` (int32) and `logprobs`
-    (float64) with each span's `prompt_lengths`, `response_lengths`, `logprob_lengths`.
-    `other_spans`: (rollout index, span dict in Span's JSON shape, `sequence_id` from its column)
-    of every other span but agent spans (and tool spans unless `tool_spans`), in the same order;
-    attributes held in binary are left out of these dicts. `other_index`, `other_sequence_ids`:
-    their rollout indices and sequence ids.
-    """
-
-    rollout_ids: list[str] = field(default_factory=list)
-    attempt_ids: list[str | None] = field(default_factory=list)
-    group_ids: list[str | None] = field(default_factory=list)
-    rewards: list[float | None] = field(default_factory=list)
-    rollout_index: Ints = field(default_factory=_no_ints)
-    sequence_ids: Ints = field(default_factory=_no_ints)
-    span_ids: Sequence[str] = ()
-    agents: Sequence[str | None] = ()
-    parent_ids: Sequence[str | None] = ()  # only where `agents` is None
-    prompt_ids: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, dtype=ID_DTYPE))
-    response_ids: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, dtype=ID_DTYPE))
-    logprobs: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0, dtype=LOGPROB_DTYPE))
-    prompt_lengths: Ints = field(default_factory=_no_ints)
-    response_lengths: Ints = field(default_factory=_no_ints)
-    logprob_lengths: Ints = field(default_factory=_no_ints)
-    other_spans: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
-    other_index: Ints = field(default_factory=_no_ints)
-    other_sequence_ids: Ints = field(default_factory=_no_ints)
 
 
 def llm_columns(db: sqlite3.Connection, rollout_ids: Sequence[str], *, tool_spans: bool = False) -> LLMColumns:
@@ -101,7 +58,7 @@ def llm_columns(db: sqlite3.Connection, rollout_ids: Sequence[str], *, tool_span
     claimed = [n for n, attempt_id in enumerate(out.attempt_ids) if attempt_id is not None]
     wanted = (_ids_json([attempt_id for attempt_id in out.attempt_ids if attempt_id is not None]),)
     with gc_paused():
-        _read_spans(db, wanted, np.array(claimed, dtype=np.int64), out, ("agent",) if tool_spans else ("agent", "tool"))
+        _read_spans(db, wanted, np.array(claimed, dtype=np.int64), out, tuple(sorted(unread_kinds(tool_spans))))
     return out
 
 

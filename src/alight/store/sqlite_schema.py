@@ -13,14 +13,14 @@ was written.
 
 from __future__ import annotations
 
-import math
 import sqlite3
 import sys
 from array import array
 from typing import Any
 
 from alight.errors import StoreError
-from alight.semconv import AGENT_NAME, LLM_PROMPT_TOKEN_IDS, LLM_RESPONSE_LOGPROBS, LLM_RESPONSE_TOKEN_IDS
+from alight.semconv import AGENT_NAME
+from alight.store.columns import ID_ATTRIBUTES, TYPECODES, pack
 from alight.types import Span, SpanKind
 
 #: Version 2 added the binary id columns and the scalar span columns; version 1 files migrate in place.
@@ -88,11 +88,8 @@ _INSERT_PLAIN = (
     "INSERT OR IGNORE INTO spans (attempt_id, span_id, rollout_id, sequence_id, data) VALUES (?, ?, ?, ?, ?)"
 )
 
-#: The attributes held in binary columns, in column order, with their array typecodes.
-ID_ATTRIBUTES = (LLM_PROMPT_TOKEN_IDS, LLM_RESPONSE_TOKEN_IDS, LLM_RESPONSE_LOGPROBS)
 _ID_SET = frozenset(ID_ATTRIBUTES)
 _LLM = SpanKind.LLM.value
-_TYPECODES = ("i", "i", "d")
 _SWAP = sys.byteorder != "little"  # the file is little-endian wherever it was written
 
 
@@ -118,16 +115,8 @@ def check_schema(db: sqlite3.Connection, path: object) -> None:
 
 def _pack(value: Any, typecode: str) -> bytes | None:
     """`value` as little-endian binary when it reads back exactly equal (and of the same types), else None."""
-    if type(value) is not list:
-        return None
-    try:
-        packed = array(typecode, value)
-    except (TypeError, OverflowError):
-        return None
-    if typecode == "i":
-        if bool in set(map(type, value)):  # True would read back as 1
-            return None
-    elif not math.isfinite(sum(packed)) or set(map(type, value)) - {float}:  # JSON turns NaN/inf into null
+    packed = pack(value, typecode)
+    if packed is None:
         return None
     if _SWAP:
         packed.byteswap()
@@ -142,7 +131,7 @@ def span_row(span: Span, sequence_id: int) -> tuple[Any, ...]:
     exclude: set[str] = set()
     # Only LLM spans whose agent name a column can hold: the bulk read rebuilds them from columns.
     if kind == _LLM and (agent is None or type(agent) is str) and not _ID_SET.isdisjoint(attributes):
-        for i, (key, typecode) in enumerate(zip(ID_ATTRIBUTES, _TYPECODES, strict=True)):
+        for i, (key, typecode) in enumerate(zip(ID_ATTRIBUTES, TYPECODES, strict=True)):
             if key in attributes:
                 blobs[i] = _pack(attributes[key], typecode)
                 if blobs[i] is not None:
@@ -184,6 +173,6 @@ def unpack_list(blob: bytes, typecode: str) -> list[Any]:
 
 def restore_attributes(attributes: dict[str, Any], blobs: tuple[bytes | None, ...]) -> None:
     """Put the binary-held attributes of a row back into its JSON attributes, as lists."""
-    for key, typecode, blob in zip(ID_ATTRIBUTES, _TYPECODES, blobs, strict=True):
+    for key, typecode, blob in zip(ID_ATTRIBUTES, TYPECODES, blobs, strict=True):
         if blob is not None:
             attributes[key] = unpack_list(blob, typecode)

@@ -99,6 +99,15 @@ class ReapBody(_Body):
     at: float | None = None
 
 
+class BulkReadBody(_Body):
+    """The bulk reads (`rollout_dicts`, `span_dicts`, `llm_columns`) of many rollouts at once."""
+
+    rollout_ids: list[str]
+    all_attempts: bool = False  # span_dicts
+    arrays: bool = False  # span_dicts: lean LLM span dicts (ids as lists on the wire)
+    tool_spans: bool = False  # llm_columns
+
+
 _B = TypeVar("_B", bound=_Body)
 _BODY_ADAPTERS: dict[type[_Body], TypeAdapter[Any]] = {}
 

@@ -141,11 +141,8 @@ class StepRollouts:
         """Fraction of the rollouts whose latest attempt made at least one tool call."""
         if not ids:
             return 0.0
-        if hasattr(self.store, "span_dicts"):
-            spans = await self.store.span_dicts(list(ids))
-            kinds = {rid: {s.get("kind") for s in rows} for rid, rows in spans.items()}
-        else:
-            kinds = {rid: {s.kind.value for s in await self.store.query_spans(rid)} for rid in ids}
+        spans = await self.store.span_dicts(list(ids))
+        kinds = {rid: {s.get("kind") for s in rows} for rid, rows in spans.items()}
         return sum(1 for rid in ids if "tool" in kinds.get(rid, set())) / len(ids)
 
     async def _report_errors(self, failed: Sequence[Rollout], limit: int = 3) -> None:

@@ -1,18 +1,38 @@
-"""OpenAI chat messages checked and rendered through a Hugging Face tokenizer's chat template.
+"""OpenAI chat messages checked and rendered through a tokenizer's chat template.
 
 Shared by the engines that tokenize themselves (embedded) or re-tokenize what an endpoint returned
-(litellm with a tokenizer): the prompt ids are the ids of the template text with the generation
-prompt, so decoding them gives the template text back.
+(litellm with a tokenizer), and by the adapter that rebuilds the ids of calls recorded without them:
+the prompt ids are the ids of the template text with the generation prompt, so decoding them gives
+the template text back. The tokenizer is anything with the `ChatTokenizer` interface (a Hugging
+Face tokenizer has it).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from alight.errors import InvalidRequestError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@runtime_checkable
+class ChatTokenizer(Protocol):
+    """What alight uses of a tokenizer with a chat template (a Hugging Face tokenizer fits)."""
+
+    chat_template: Any  # None: the model has no chat template
+    eos_token_id: Any
+    unk_token_id: Any
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+        """The template's text for `conversation` (with `tokenize=False`)."""
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]:
+        """Token ids of `text`."""
+
+    def convert_tokens_to_ids(self, tokens: str) -> Any:
+        """The id of a token, or the unknown token's."""
 
 
 def _text_content(content: Any, where: str) -> str | None:
@@ -84,7 +104,7 @@ def template_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def render_prompt(tokenizer: Any, messages: Any, tools: list[dict[str, Any]] | None) -> str:
+def render_prompt(tokenizer: ChatTokenizer, messages: Any, tools: list[dict[str, Any]] | None) -> str:
     """The chat-template text of the messages with the generation prompt (tools rendered when given).
 
     Raises:
@@ -103,7 +123,9 @@ def render_prompt(tokenizer: Any, messages: Any, tools: list[dict[str, Any]] | N
     return text
 
 
-def render_reply(tokenizer: Any, messages: Any, tools: list[dict[str, Any]] | None, reply: dict[str, Any]) -> str:
+def render_reply(
+    tokenizer: ChatTokenizer, messages: Any, tools: list[dict[str, Any]] | None, reply: dict[str, Any]
+) -> str:
     """The text the template puts after the generation prompt for the assistant message `reply`.
 
     It is the rendered conversation with the reply minus the rendered prompt; "" if the template
