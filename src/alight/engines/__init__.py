@@ -1,21 +1,9 @@
-"""Inference engines behind the LLM proxy: embedded (transformers), vLLM, LiteLLM."""
+"""Inference engines behind the LLM proxy: embedded (transformers), vLLM, LiteLLM.
 
-from alight.engines.base import (
-    ChatRequest,
-    CompletionRequest,
-    Engine,
-    Generation,
-    SamplingParams,
-    StreamEvent,
-    TextDelta,
-)
+Every engine implements `alight.engines.base.Engine` (its request and answer types live there too);
+`alight.engines.factory.make_engine` builds the one a config names.
+"""
 
-__all__ = [
-    "ChatRequest",
-    "CompletionRequest",
-    "Engine",
-    "Generation",
-    "SamplingParams",
-    "StreamEvent",
-    "TextDelta",
-]
+from alight.engines.base import Engine, SamplingParams
+
+__all__ = ["Engine", "SamplingParams"]

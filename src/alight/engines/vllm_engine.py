@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from alight.engines.base import ChatRequest, CompletionRequest, Engine, Generation
+from alight.engines.base import ChatRequest, CompletionRequest, Engine, Generation, SamplingParams
 from alight.engines.openai_response import generation_from_response, optional_sampling
 from alight.engines.toolcalls import assistant_message, validate_tools
 from alight.engines.vllm_server import (
@@ -38,43 +38,39 @@ logger = logging.getLogger(__name__)
 END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>")
 
 
-def chat_body(request: ChatRequest, served_name: str) -> dict[str, Any]:
-    """vLLM chat request body for an alight ChatRequest."""
-    sampling = request.sampling
+def _body(sampling: SamplingParams, served_name: str, extra: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """The fields every vLLM request of alight's carries: ids back, special tokens kept (the
+    <tool_call> markup is one in some tokenizers), the sampling settings; then `extra` on top."""
     body: dict[str, Any] = {
         "model": served_name,
-        "messages": request.messages,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "logprobs": sampling.logprobs,
-        "return_token_ids": True,
-        "skip_special_tokens": False,  # keep <tool_call> markup (a special token in some tokenizers)
-    }
-    tools = validate_tools(request.tools)
-    if tools:
-        body["tools"] = tools
-        body["tool_choice"] = "none"  # tools go into the template; alight parses the calls itself
-    body.update(optional_sampling(sampling))
-    if request.response_format is not None:
-        body["response_format"] = request.response_format
-    return {**body, **request.extra}
-
-
-def completion_body(request: CompletionRequest, served_name: str) -> dict[str, Any]:
-    """vLLM completions request body (prompt text or token ids)."""
-    sampling = request.sampling
-    body: dict[str, Any] = {
-        "model": served_name,
-        "prompt": request.prompt,
+        **fields,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "return_token_ids": True,
         "skip_special_tokens": False,
     }
-    if sampling.logprobs:
-        body["logprobs"] = 1
     body.update(optional_sampling(sampling))
-    return {**body, **request.extra}
+    return {**body, **extra}
+
+
+def chat_body(request: ChatRequest, served_name: str) -> dict[str, Any]:
+    """vLLM chat request body for an alight ChatRequest."""
+    fields: dict[str, Any] = {"messages": request.messages, "logprobs": request.sampling.logprobs}
+    tools = validate_tools(request.tools)
+    if tools:
+        fields["tools"] = tools
+        fields["tool_choice"] = "none"  # tools go into the template; alight parses the calls itself
+    if request.response_format is not None:
+        fields["response_format"] = request.response_format
+    return _body(request.sampling, served_name, request.extra, **fields)
+
+
+def completion_body(request: CompletionRequest, served_name: str) -> dict[str, Any]:
+    """vLLM completions request body (prompt text or token ids)."""
+    fields: dict[str, Any] = {"prompt": request.prompt}
+    if request.sampling.logprobs:
+        fields["logprobs"] = 1
+    return _body(request.sampling, served_name, request.extra, **fields)
 
 
 def generation_from_vllm(

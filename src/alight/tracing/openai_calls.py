@@ -10,6 +10,7 @@ remembers the answer's tool calls, and records a TOOL span for each one a later 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -194,32 +195,36 @@ class LLMCall:
 
             response.close = close_hooked
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Mark the SDK as reading the body, so closing the response meanwhile is not an early end."""
+        self.reading = True
+        try:
+            yield
+        finally:
+            self.reading = False
+
+    def _seen(self, parsed: Any) -> Any:
+        if not self.done:
+            self._parsed(parsed)
+        return parsed
+
     def _watch_response(self, response: APIResponse[Any] | AsyncAPIResponse[Any]) -> None:
         parse = response.parse
         if isinstance(response, AsyncAPIResponse):
 
             async def aparse(*args: Any, **kwargs: Any) -> Any:
-                self.reading = True
-                try:
+                with self._reading():
                     parsed = await parse(*args, **kwargs)
-                finally:
-                    self.reading = False
-                if not self.done:
-                    self._parsed(parsed)
-                return parsed
+                return self._seen(parsed)
 
             response.parse = aparse  # type: ignore[method-assign]
         else:
 
             def sync_parse(*args: Any, **kwargs: Any) -> Any:
-                self.reading = True
-                try:
+                with self._reading():
                     parsed = parse(*args, **kwargs)
-                finally:
-                    self.reading = False
-                if not self.done:
-                    self._parsed(parsed)
-                return parsed
+                return self._seen(parsed)
 
             response.parse = sync_parse  # type: ignore[method-assign]
         self._hook_close(response.http_response, isinstance(response, AsyncAPIResponse))
