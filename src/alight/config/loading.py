@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import threading
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
     if file.suffix not in (".yaml", ".yml"):
         raise ConfigError(f"config file {file} is not a .yaml file")
     register()
+    _check_keys(file, overrides)  # before Hydra: its hint for an unknown key (`+key=...`) leads to a second error
     with _lock:
         # The experiment file extends the schema: keys it sets are checked against it.
         ConfigStore.instance().store(name=_MAIN_NAME, node={"defaults": [SCHEMA_NAME, file.stem, "_self_"]})
@@ -46,7 +48,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
     # `+key=value` overrides may add keys Hydra does not check against the schema.
     unknown = _unknown_keys(cfg, ExperimentConfig)
     if unknown:
-        raise ConfigError(f"config {file}: unknown key {unknown[0]!r} (not in the experiment schema)")
+        raise ConfigError(f"config {file}: {_unknown_key(*unknown[0])}")
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"config {file}: required value missing: {', '.join(missing)}")
@@ -54,20 +56,87 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
     return cfg
 
 
-def _unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
-    """Keys of `node` that the dataclass `schema` (recursively) does not declare."""
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    unknown: list[str] = []
+def _check_keys(file: Path, overrides: Sequence[str]) -> None:
+    """Raise a ConfigError naming the first unknown key the file or an override sets, and the nearest known ones.
+
+    What does not parse is left to Hydra, which reports it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
+
+    try:
+        raw = OmegaConf.load(file)
+    except (OmegaConfBaseException, ValueError, YAMLError):
+        raw = None
+    if isinstance(raw, DictConfig):
+        unknown = [found for found in _unknown_keys(raw, ExperimentConfig) if found[0] not in _HYDRA_KEYS]
+        if unknown:
+            raise ConfigError(f"config {file}: {_unknown_key(*unknown[0])}")
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return
+    for override in parsed:
+        found = _unknown_path(override.key_or_group.split("."), ExperimentConfig)
+        if found is not None:
+            raise ConfigError(f"config {file}: override {override.input_line!r}: {_unknown_key(*found)}")
+
+
+_HYDRA_KEYS = ("defaults", "hydra")  # top-level keys an experiment file may hold for Hydra itself
+
+
+def _unknown_keys(node: Any, schema: type, prefix: str = "") -> list[tuple[str, type]]:
+    """Keys of `node` that the dataclass `schema` (recursively) does not declare, each with its group's schema."""
+    unknown: list[tuple[str, type]] = []
     for key in node:
         path = f"{prefix}{key}"
-        declared = fields.get(str(key))
-        if declared is None:
-            unknown.append(path)
+        if str(key) not in _field_names(schema):
+            unknown.append((path, schema))
             continue
-        sub = declared.default_factory if declared.default_factory is not dataclasses.MISSING else None
-        if isinstance(sub, type) and dataclasses.is_dataclass(sub) and isinstance(node[key], DictConfig):
+        sub = _group(schema, str(key))
+        if sub is not None and isinstance(node[key], DictConfig):
             unknown.extend(_unknown_keys(node[key], sub, f"{path}."))
     return unknown
+
+
+def _unknown_path(parts: list[str], schema: type) -> tuple[str, type] | None:
+    """The first prefix of the dotted key `parts` that `schema` does not declare, with its group's schema.
+
+    Below a field that is not a group (a dict, a list, a value) the key is that field's to check."""
+    for i, part in enumerate(parts):
+        if part not in _field_names(schema):
+            return ".".join(parts[: i + 1]), schema
+        sub = _group(schema, part)
+        if sub is None:
+            return None
+        schema = sub
+    return None
+
+
+def _unknown_key(path: str, schema: type) -> str:
+    """`unknown key 'a.b'` and the keys of its group closest to it (or all of them when none is close)."""
+    group, _, key = path.rpartition(".")
+    names = _field_names(schema)
+    near = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+    prefix = f"{group}." if group else ""
+    if near:
+        hint = "did you mean " + " or ".join(repr(prefix + name) for name in near) + "?"
+    else:
+        hint = f"{group}'s keys are: " if group else "the top-level keys are: "
+        hint += ", ".join(names)
+    return f"unknown key {path!r}; {hint}"
+
+
+def _field_names(schema: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(schema)]
+
+
+def _group(schema: type, name: str) -> type | None:
+    """The dataclass of the group `schema.name`, or None when that field is not a group."""
+    declared = next(f for f in dataclasses.fields(schema) if f.name == name)
+    sub = declared.default_factory if declared.default_factory is not dataclasses.MISSING else None
+    return sub if isinstance(sub, type) and dataclasses.is_dataclass(sub) else None
 
 
 def to_object(cfg: DictConfig) -> ExperimentConfig:

@@ -52,12 +52,10 @@ class MetricsLog:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._tensorboard: Any = None
         self._wandb: Any = None
-        if cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
-        if cfg.wandb:
+        if cfg.wandb:  # first: it is the one that can refuse to start (no API key, no server)
             self._wandb = _start_wandb(self.run_dir, cfg.wandb_project, run_name, config, resume)
+        if cfg.tensorboard:
+            self._tensorboard = self._open_tensorboard()
         if resume:
             self._drop_torn_tail()
         elif self.path.exists() and self.path.stat().st_size:
@@ -102,6 +100,10 @@ class MetricsLog:
         os.replace(tmp, self.path)
         _fsync_dir(self.run_dir)
         self._file = self.path.open("a", encoding="utf-8")
+        if self._tensorboard is not None:
+            # TensorBoard drops the older files' points from purge_step on, so redone steps are not drawn twice.
+            self._tensorboard.close()
+            self._tensorboard = self._open_tensorboard(purge_step=step + 1)
 
     def rows(self) -> list[dict[str, Any]]:
         """The metrics the file holds, one dict per logged step."""
@@ -169,6 +171,11 @@ class MetricsLog:
             self._wandb.finish()
         return png
 
+    def _open_tensorboard(self, purge_step: int | None = None) -> Any:
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(log_dir=str(self.run_dir / "tensorboard"), purge_step=purge_step)
+
     def _lines(self) -> list[tuple[str, dict[str, Any]]]:
         if not self.path.exists():
             return []
@@ -214,7 +221,15 @@ def _start_wandb(run_dir: Path, project: str, name: str, config: dict[str, Any] 
     id_file = run_dir / "wandb_run_id"
     run_id = id_file.read_text().strip() if resume and id_file.exists() else uuid.uuid4().hex[:12]
     id_file.write_text(run_id + "\n")
-    return wandb.init(project=project, name=name, id=run_id, config=config, dir=str(run_dir), resume="allow")
+    # The dashboard redraws the terminal 4 times a second: W&B would store every frame (train.log keeps the log).
+    settings = wandb.Settings(console="off")
+    try:
+        return wandb.init(
+            project=project, name=name, id=run_id, config=config, dir=str(run_dir), resume="allow", settings=settings
+        )
+    except wandb.errors.Error as err:  # no API key, no server: say so in one line, before the run starts
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"logging.wandb: {first} (WANDB_MODE=offline keeps the run on disk)") from None
 
 
 def _json_value(value: Any) -> Any:
