@@ -13,10 +13,9 @@ import abc
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
 from alight import semconv
-from alight.errors import ConfigError
 from alight.store.base import Store
 from alight.tracing.context import AttemptContext
 from alight.types import Attempt, Rollout, SpanKind, SpanStatus
@@ -69,16 +68,3 @@ class Tracer(abc.ABC):
         from alight.tracing.langchain import shared_handler
 
         return shared_handler()
-
-
-def make_tracer(kind: Literal["light", "otel"] = "light") -> Tracer:
-    """The tracer named by `kind`: "light" (no dependency) or "otel" (OpenTelemetry SDK)."""
-    if kind == "light":
-        from alight.tracing.light import LightTracer
-
-        return LightTracer()
-    if kind == "otel":
-        from alight.tracing.otel import OtelTracer
-
-        return OtelTracer()
-    raise ConfigError(f"unknown tracer {kind!r}: choose 'light' or 'otel'")
