@@ -86,6 +86,18 @@ class TrainingError(AlightError):
     code = "training_failed"
 
 
+def one_line(error: BaseException | str, limit: int = 1000) -> str:
+    """An exception as `Type: message` (`Type` alone when it says nothing), or a text, on one line:
+    whitespace runs collapsed, cut to `limit` characters (ending in "...")."""
+    if isinstance(error, BaseException):
+        message = str(error)
+        text = f"{type(error).__name__}: {message}" if message.strip() else type(error).__name__
+    else:
+        text = error
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 #: Error classes by their `code`, for the HTTP client to raise what the server raised.
 ERRORS_BY_CODE: dict[str, type[AlightError]] = {
     cls.code: cls

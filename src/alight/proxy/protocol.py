@@ -13,7 +13,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from alight.engines.base import ChatRequest, CompletionRequest, SamplingParams
-from alight.store.wire import one_line
+from alight.errors import one_line
 
 INVALID_REQUEST = "invalid_request_error"
 

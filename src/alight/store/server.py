@@ -23,12 +23,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from alight.errors import AlightError, ConfigError, InvalidRequestError, PayloadTooLargeError, StoreError
+from alight.errors import AlightError, ConfigError, InvalidRequestError, PayloadTooLargeError, StoreError, one_line
 from alight.serving import BackgroundServer
 from alight.store import wire
 from alight.store.base import ALL_ATTEMPTS, Store
 from alight.store.otlp import receive_traces  # opentelemetry-proto loads on the first request
-from alight.store.wire import IDEMPOTENCY_HEADER, one_line, validation_message
+from alight.store.wire import IDEMPOTENCY_HEADER, validation_message
 
 logger = logging.getLogger(__name__)
 

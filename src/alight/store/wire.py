@@ -17,6 +17,7 @@ from alight.errors import (
     PayloadTooLargeError,
     StoreError,
     StoreUnavailableError,
+    one_line,
 )
 from alight.types import (
     Attempt,
@@ -123,12 +124,6 @@ _ERRORS_BY_STATUS: dict[int, type[AlightError]] = {
     cls.http_status: cls
     for cls in (InvalidRequestError, NotFoundError, InvalidTransitionError, PayloadTooLargeError, StoreUnavailableError)
 }
-
-
-def one_line(text: str, limit: int = 1000) -> str:
-    """`text` on one line (whitespace runs collapsed), cut to `limit` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def error_body(code: str, message: str) -> bytes:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from alight import semconv
+from alight.errors import one_line
 from alight.store.base import Store
 from alight.tracing.context import AttemptContext
 from alight.types import Attempt, Rollout, SpanKind, SpanStatus
@@ -52,7 +53,7 @@ class Tracer(abc.ABC):
                 try:
                     yield ctx
                 except BaseException as err:
-                    root.end(SpanStatus.ERROR, " ".join(f"{type(err).__name__}: {err}".split())[:1000])
+                    root.end(SpanStatus.ERROR, one_line(err))
                     raise
                 root.end()
         finally:

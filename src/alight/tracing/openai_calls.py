@@ -19,6 +19,7 @@ from openai._legacy_response import LegacyAPIResponse
 from openai._response import APIResponse, AsyncAPIResponse
 
 from alight import semconv
+from alight.errors import one_line
 from alight.tracing.context import ActiveSpan, _Frame, jsonable, tool_attributes
 from alight.types import SpanKind, SpanStatus
 
@@ -104,7 +105,7 @@ class LLMCall:
         self.done = True
         if self.span is not None:
             self.span.attributes[semconv.LLM_LATENCY_S] = time.perf_counter() - self.started
-            self.span.end(SpanStatus.ERROR, " ".join(f"{type(err).__name__}: {err}".split())[:1000])
+            self.span.end(SpanStatus.ERROR, one_line(err))
 
     def _parsed(self, parsed: Any) -> None:
         if isinstance(parsed, Stream | AsyncStream):
