@@ -12,36 +12,28 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from alight import semconv
 from alight.engines.base import ChatRequest, CompletionRequest, SamplingParams
 from alight.errors import one_line
 
 INVALID_REQUEST = "invalid_request_error"
 
+#: Sampling fields engines take as they are: they travel in `extra` like any provider-specific field.
+_PASSED_THROUGH = frozenset({"presence_penalty", "frequency_penalty"})
 #: Request fields the proxy handles itself; everything else unknown goes to the engine in `extra`.
-_HANDLED = frozenset(
-    {
-        "model",
-        "messages",
-        "prompt",
-        "tools",
-        "tool_choice",
-        "response_format",
-        "temperature",
-        "top_p",
-        "max_tokens",
-        "max_completion_tokens",
-        "stop",
-        "seed",
-        "n",
-        "stream",
-        "stream_options",
-        "logprobs",
-        "top_logprobs",
-        "return_token_ids",
-        "echo",
-        "suffix",
-    }
-)
+_HANDLED = (frozenset(semconv.LLM_SAMPLING_KEYS) - _PASSED_THROUGH) | {
+    "model",
+    "messages",
+    "prompt",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "stream",
+    "stream_options",
+    "return_token_ids",
+    "echo",
+    "suffix",
+}
 
 
 class ProxyError(Exception):
