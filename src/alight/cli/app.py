@@ -109,7 +109,7 @@ def serve(
     ] = False,
 ) -> None:
     """Serve a model or a training checkpoint on an OpenAI-compatible API (/v1/chat/completions...)."""
-    from alight.proxy.standalone import serve_model
+    from alight.trainer.serve import serve_model
 
     def ready(url: str) -> None:
         typer.echo(f"alight serve: {engine} engine on {url}/v1 (model {model}); Ctrl-C stops it", err=True)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from alight import semconv
 from alight.engines.base import ChatRequest, CompletionRequest, SamplingParams
 from alight.errors import one_line
+from alight.serving.app import AnsweredError
 
 INVALID_REQUEST = "invalid_request_error"
 
@@ -36,7 +37,7 @@ _HANDLED = (frozenset(semconv.LLM_SAMPLING_KEYS) - _PASSED_THROUGH) | {
 }
 
 
-class ProxyError(Exception):
+class ProxyError(AnsweredError):
     """An error answered to the client as `{"error": {"message", "type", "param", "code"}}`."""
 
     def __init__(
@@ -57,6 +58,12 @@ class ProxyError(Exception):
     def body(self) -> bytes:
         error = {"message": one_line(str(self)), "type": self.type, "param": self.param, "code": self.code}
         return orjson.dumps({"error": error})
+
+
+def openai_error_body(status: int, code: str | None, message: str) -> bytes:
+    """An error of the proxy's app in OpenAI's format: a server error from 500 up."""
+    kind = "server_error" if status >= 500 else INVALID_REQUEST
+    return ProxyError(message, status=status, type=kind, code=code).body()
 
 
 def validation_error(err: ValidationError, prefix: str = "") -> ProxyError:

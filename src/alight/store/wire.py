@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from alight.errors import (
     ERRORS_BY_CODE,
@@ -136,13 +136,3 @@ def raised(status: int, error: Any, fallback: str) -> AlightError:
         cls = ERRORS_BY_CODE.get(error["code"]) or _ERRORS_BY_STATUS.get(status, StoreError)
         return cls(one_line(str(error.get("message", ""))))
     return _ERRORS_BY_STATUS.get(status, StoreError)(one_line(fallback))
-
-
-def validation_message(err: ValidationError) -> str:
-    """The first problem of a failed validation, its location and how many more there are."""
-    problems = err.errors(include_url=False, include_context=False, include_input=False)
-    first = problems[0]
-    where = ".".join(str(part) for part in first["loc"])
-    text = f"{where}: {first['msg']}" if where else first["msg"]
-    more = len(problems) - 1
-    return f"invalid request body: {text}" + (f" (and {more} more errors)" if more else "")

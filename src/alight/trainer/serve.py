@@ -64,7 +64,7 @@ def serve_model(
         options.update(model=model, base_url=base_url, api_key_env=api_key_env)
     from alight.engines.factory import make_engine
     from alight.proxy.proxy import Proxy
-    from alight.proxy.server import ProxyServer, serve
+    from alight.proxy.server import ProxyServer
 
     store = None
     if store_url is not None:
@@ -72,4 +72,4 @@ def serve_model(
 
         store = StoreClient(store_url)
     proxy = Proxy(make_engine(engine, **options), store)
-    serve(ProxyServer(proxy, host=host, port=port, admin=admin), on_ready=on_ready)
+    ProxyServer(proxy, host=host, port=port, admin=admin).serve_until_interrupted(on_ready)
