@@ -1,4 +1,5 @@
-"""`alight serve`: a model or a training checkpoint on the OpenAI-compatible API, no trainer needed."""
+"""Serving until interrupted, as the commands do: `alight serve` (a model or a training checkpoint
+on the OpenAI-compatible API, no trainer needed) and `alight store` (a standalone store server)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,33 @@ from alight.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 ENGINES = ("embedded", "vllm", "litellm")
+
+
+def serve_store(
+    db: Path | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 4747,
+    max_body_bytes: int | None = None,
+    watchdog_interval_s: float | None = 1.0,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve a store until Ctrl-C or SIGTERM: the SQLite file `db` (durable), or without it a
+    store in memory. ConfigError for a taken port or an unusable `db`, before serving."""
+    from alight.serving.app import DEFAULT_MAX_BODY_BYTES
+    from alight.store.memory import MemoryStore
+    from alight.store.server import serve
+    from alight.store.sqlite import SqliteStore
+
+    store = SqliteStore(db) if db is not None else MemoryStore()
+    serve(
+        store,
+        host=host,
+        port=port,
+        max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+        watchdog_interval_s=watchdog_interval_s,
+        on_ready=on_ready,
+    )
 
 
 def resolve_model(model: str) -> str:

@@ -105,7 +105,7 @@ class Trainer:
             if not isinstance(data, str):
                 raise ConfigError("Trainer.dev takes data as a spec (file or generator); pass rows to fit")
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, val=data))
-        return run_dev(cfg, self.run_dir or new_run_dir(cfg, "dev"), n=n)
+        return run_dev(cfg, self.run_dir, n=n).results
 
     # -- pieces ---------------------------------------------------------------------------------
     def _config_for(self, agent: Any) -> ExperimentConfig:

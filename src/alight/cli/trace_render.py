@@ -1,10 +1,10 @@
-"""`alight trace`: read a run's store and show its rollouts, one rollout's span tree, or export them."""
+"""How `alight trace` shows what `alight.trainer.trace` reads: the rollouts table, one rollout's
+span tree, the transitions table; or each as one JSON object on stdout (`--json`)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -13,60 +13,15 @@ from rich.text import Text
 from rich.tree import Tree
 
 from alight import semconv
-from alight.errors import ConfigError
-from alight.store.base import ALL_ATTEMPTS, Store
-from alight.types import Attempt, Rollout, Span, SpanKind
-
-STORE_FILE = "store.db"  # name of the SQLite store inside a run directory
+from alight.trainer.trace import RolloutDetail
+from alight.types import Span, SpanKind
 
 
-def open_store(target: str) -> Store:
-    """A store from a run directory, a SQLite file or a store server URL."""
-    if target.startswith(("http://", "https://")):
-        from alight.store.client import StoreClient
-
-        return StoreClient(target, max_retries=1)
-    path = Path(target).expanduser()
-    if path.is_dir():
-        path = path / STORE_FILE
-    if not path.is_file():
-        raise ConfigError(f"{target}: no run directory, store file or store URL there (looked for {path})")
-    from alight.store.sqlite import SqliteStore
-
-    return SqliteStore(path)
-
-
-async def rollout_summaries(store: Store, limit: int, offset: int = 0) -> list[dict[str, Any]]:
-    """One dict per rollout: ids, status, reward, attempts and span counts by kind."""
-    rollouts = await store.list_rollouts(limit=limit, offset=offset)
-    rows = []
-    for rollout in rollouts:
-        spans = await store.query_spans(rollout.rollout_id) if rollout.attempt_count else []
-        counts = {kind.value: sum(1 for s in spans if s.kind == kind) for kind in SpanKind}
-        ends = [s.end_time for s in spans if s.end_time] + [rollout.ended_at or 0]
-        rows.append(
-            {
-                "rollout_id": rollout.rollout_id,
-                "mode": rollout.mode.value,
-                "status": rollout.status.value,
-                "reward": rollout.reward,
-                "attempts": rollout.attempt_count,
-                "llm_calls": counts["llm"],
-                "tool_calls": counts["tool"],
-                "duration_s": (max(ends) - rollout.started_at) if rollout.started_at and max(ends) else None,
-            }
-        )
-    return rows
-
-
-async def rollout_detail(store: Store, rollout_id: str, all_attempts: bool) -> dict[str, Any]:
-    rollout = await store.get_rollout(rollout_id)
-    attempts = await store.list_attempts(rollout_id)
-    spans = await store.query_spans(rollout_id, ALL_ATTEMPTS if all_attempts else None)
-    return {"rollout": rollout, "attempts": attempts, "spans": spans}
-
-
-def print_summaries(console: Console, rows: Sequence[dict[str, Any]], where: str) -> None:
+def rollouts(console: Console, rows: Sequence[dict[str, Any]], where: str, *, as_json: bool) -> None:
+    """The rollouts of the run at `where`, one row each."""
+    if as_json:
+        print(json.dumps({"rollouts": rows}, default=str))
+        return
     table = Table(title=f"Rollouts in {where}", title_justify="left")
     for column in ("rollout", "mode", "status", "reward", "attempts", "LLM calls", "tool calls", "duration"):
         table.add_column(column, justify="right" if column not in ("rollout", "mode", "status") else "left")
@@ -86,7 +41,17 @@ def print_summaries(console: Console, rows: Sequence[dict[str, Any]], where: str
         console.print(f"[dim]alight trace {where} --rollout {rows[0]['rollout_id']}  shows one rollout's spans[/dim]")
 
 
-def print_rollout(console: Console, rollout: Rollout, attempts: Sequence[Attempt], spans: Sequence[Span]) -> None:
+def rollout(console: Console, detail: RolloutDetail, *, as_json: bool) -> None:
+    """One rollout as a tree: its attempts, and under each its spans (children under their parent)."""
+    if as_json:
+        data = {
+            "rollout": detail.rollout.model_dump(mode="json"),
+            "attempts": [a.model_dump(mode="json") for a in detail.attempts],
+            "spans": [s.model_dump(mode="json") for s in detail.spans],
+        }
+        print(json.dumps(data))
+        return
+    rollout, attempts, spans = detail.rollout, detail.attempts, detail.spans
     task = json.dumps(rollout.task.input, ensure_ascii=False, default=str)
     head = Tree(
         Text.assemble(
@@ -209,56 +174,47 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def run_trace(
-    target: str,
-    *,
-    rollout_id: str | None,
-    as_json: bool,
-    otlp_path: Path | None,
-    all_attempts: bool,
-    limit: int,
-    console: Console,
-) -> None:
-    """The body of `alight trace`."""
-    import asyncio
-
-    from alight.store.otlp_export import spans_to_otlp_json
-
-    async def main() -> None:
-        store = open_store(target)
-        try:
-            if rollout_id is None:
-                rows = await rollout_summaries(store, limit)
-                if otlp_path is not None:
-                    spans = [s for row in rows for s in await store.query_spans(row["rollout_id"], ALL_ATTEMPTS)]
-                    _write_json(otlp_path, spans_to_otlp_json(spans))
-                if as_json:
-                    print(json.dumps({"rollouts": rows}, default=str))
-                else:
-                    print_summaries(console, rows, target)
-                return
-            detail = await rollout_detail(store, rollout_id, all_attempts)
-            if otlp_path is not None:
-                _write_json(otlp_path, spans_to_otlp_json(detail["spans"]))
-            if as_json:
-                data = {
-                    "rollout": detail["rollout"].model_dump(mode="json"),
-                    "attempts": [a.model_dump(mode="json") for a in detail["attempts"]],
-                    "spans": [s.model_dump(mode="json") for s in detail["spans"]],
-                }
-                print(json.dumps(data))
-            else:
-                print_rollout(console, detail["rollout"], detail["attempts"], detail["spans"])
-        finally:
-            await store.close()
-
-    asyncio.run(main())
-    if otlp_path is not None and not as_json:
-        console.print(f"[dim]wrote OTLP/JSON spans to {otlp_path}[/dim]")
+_COLUMNS = ("step", "agent", "span", "calls", "prompt", "response", "trained", "logprobs", "reward", "advantage")
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    try:
-        path.write_text(json.dumps(data, ensure_ascii=False))
-    except OSError as err:
-        raise ConfigError(f"cannot write {path}: {err.strerror}") from None
+def transitions(console: Console, data: dict[str, Any], *, as_json: bool) -> None:
+    """The rollout's transitions as a table, then its group and the adapter's counts."""
+    if as_json:
+        print(json.dumps(data))
+        return
+    s = data["settings"]
+    match = s["agent_match"] if s["agent_match"] is not None else "(every agent)"
+    title = (
+        f"Transitions of rollout {data['rollout_id']}  reward {_num(data['reward'])}\n"
+        f"mode {s['mode']}  credit {s['credit']}  advantage {s['advantage']}  agent_match {match}"
+    )
+    table = Table(title=title, title_justify="left")
+    for column in _COLUMNS:
+        table.add_column(column, justify="left" if column in ("agent", "span", "logprobs") else "right")
+    for row in data["transitions"]:
+        table.add_row(
+            str(row["step_index"]),
+            row["agent_name"] or "-",
+            (row["span_id"] or "-")[:8],
+            str(row["calls"]),
+            str(row["prompt_length"]),
+            str(row["response_length"]),
+            str(row["trained_tokens"]),
+            "yes" if row["has_logprobs"] else "no",
+            _num(row["reward"]),
+            _num(row["advantage"]),
+        )
+    console.print(table)
+    group = data["group"]
+    rewards = ", ".join(_num(r["reward"]) for r in group)
+    console.print(f"group {data['group_id'] or '(none)'}: {len(group)} rollouts, rewards {rewards}")
+    stats = data["stats"]
+    skipped = {k: v for k, v in stats.items() if k.startswith(("calls_skipped", "rollouts_without")) and v}
+    line = f"group: {stats['llm_calls']} LLM calls, {stats['calls_kept']} kept, {stats['transitions']} transitions"
+    if skipped:
+        line += "; " + ", ".join(f"{k} {v}" for k, v in skipped.items())
+    console.print(f"[dim]{line}[/dim]")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
