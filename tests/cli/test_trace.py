@@ -1,5 +1,5 @@
-"""`alight trace` on a hand-made run: listing, one rollout's tree, `--transitions` with the config's
-settings and Hydra overrides, and bad input as one line with exit code 2."""
+"""`alight trace` on a hand-made run: `--transitions` with the config's settings and Hydra overrides,
+bad input as one line with exit code 2, and model output that is not printable text shown escaped."""
 
 from __future__ import annotations
 
@@ -28,14 +28,20 @@ def alight(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+#: What an untrained model may answer: escape sequences, control characters, invisible format characters.
+NOISE = "\x1b[31mred\x07 bell\x00 nul\x7f del\u202e rtl\u200b zwsp \U000e0041 tag [/] [bold]markup?"
+
+
 @dataclass
 class Run:
     dir: Path
-    rollout_ids: list[str]
+    rollout_ids: list[str]  # a group of two
+    noisy_id: str  # a rollout whose spans hold NOISE
 
 
-async def _record(db: Path) -> list[str]:
-    """A group of two rollouts (rewards 1 and 0), each a writer call, a checker call and a reward."""
+async def _record(db: Path) -> tuple[list[str], str]:
+    """A group of two rollouts (rewards 1 and 0), each a writer call, a checker call and a reward;
+    then one rollout whose task, agent, model answer, tool call and error hold NOISE."""
     store = SqliteStore(db)
     try:
         queued = await store.enqueue([Rollout(task=Task(input={"q": i}), group_id="g-1") for i in range(2)])
@@ -48,7 +54,17 @@ async def _record(db: Path) -> list[str]:
             trace.reward(reward)
             await store.add_spans(trace.spans)
             await store.finish_attempt(claim.attempt.attempt_id, AttemptStatus.SUCCEEDED, reward=reward)
-        return [r.rollout_id for r in queued]
+        [noisy] = await store.enqueue([Rollout(task=Task(input={"q": NOISE}))])
+        claim = await store.dequeue("w")
+        assert claim is not None
+        trace = Trace(noisy.rollout_id, claim.attempt.attempt_id)
+        trace.llm([1, 2], [3], agent=NOISE, reply={"role": "assistant", "content": NOISE})
+        trace.tool(NOISE, agent=NOISE).attributes.update({"tool.arguments": NOISE, "tool.output": NOISE})
+        trace.reward(0.0, name=NOISE)
+        await store.add_spans(trace.spans)
+        error = f"Traceback (most recent call last):\nValueError: {NOISE}"
+        await store.finish_attempt(claim.attempt.attempt_id, AttemptStatus.FAILED, error=error)
+        return [r.rollout_id for r in queued], noisy.rollout_id
     finally:
         await store.close()
 
@@ -56,7 +72,8 @@ async def _record(db: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     run_dir = tmp_path_factory.mktemp("run")
-    return Run(run_dir, asyncio.run(_record(run_dir / "store.db")))
+    group, noisy = asyncio.run(_record(run_dir / "store.db"))
+    return Run(run_dir, group, noisy)
 
 
 def test_transitions_take_hydra_overrides_over_the_defaults(run: Run) -> None:
@@ -113,3 +130,48 @@ def test_bad_settings_fail_in_one_line_with_exit_2(run: Run, args: list[str], ex
 def test_transitions_need_a_rollout(run: Run) -> None:
     done = alight("trace", str(run.dir), "--transitions")
     assert done.returncode == 2 and "needs --rollout" in done.stderr
+
+
+def _unprintable(text: str) -> set[str]:
+    return {c for line in text.splitlines() for c in line if not c.isprintable()}
+
+
+def test_model_output_that_is_not_printable_is_shown_escaped(run: Run) -> None:
+    for args in (
+        ["--rollout", run.noisy_id],
+        ["--rollout", run.noisy_id, "--transitions"],
+        [],
+    ):
+        shown = alight("trace", str(run.dir), *args)
+        assert shown.returncode == 0, (args, shown.stderr)
+        assert _unprintable(shown.stdout) == set(), (args, shown.stdout)
+        if args:
+            assert "\\x1b[31mred\\x07 bell\\x00 nul\\x7f del\\u202e rtl" in shown.stdout, shown.stdout
+    tree = alight("trace", str(run.dir), "--rollout", run.noisy_id).stdout
+    assert "[/] [bold]markup?" in tree  # shown as written, not read as Rich markup
+
+
+def test_json_output_stays_valid_json_with_the_raw_text(run: Run) -> None:
+    shown = alight("trace", str(run.dir), "--rollout", run.noisy_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    spans = json.loads(shown.stdout)["spans"]
+    assert spans[0]["attributes"]["llm.response.message"]["content"] == NOISE
+    assert json.loads(shown.stdout)["rollout"]["task"]["input"] == {"q": NOISE}
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("plain text, é ✓ 字", "plain text, é ✓ 字"),
+        ("\x1b[2J", "\\x1b[2J"),
+        ("a\tb\nc\r", "a\\x09b\\x0ac\\x0d"),
+        ("\x7f\x85", "\\x7f\\x85"),
+        ("zero\u200bwidth \u202eoverride", "zero\\u200bwidth \\u202eoverride"),
+        ("\U000e0041", "\\U000e0041"),
+    ],
+)
+def test_printable_escapes_what_a_terminal_would_not_show_as_itself(text: str, shown: str) -> None:
+    from alight.cli.trace_render import printable
+
+    assert printable(text) == shown
+    assert printable(shown) == shown  # escaping twice changes nothing

@@ -7,15 +7,36 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from alight import __version__
 from alight.errors import AlightError, ConfigError, TrainingError
 
+
+def _plain_flags(params: list[Any]) -> list[Any]:
+    """Boolean flags show in help as flags (`--json`), not with a type (`--json <bool>`)."""
+    for param in params:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_flags(super().get_params(ctx))
+
+
+class _Command(TyperCommand):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_flags(super().get_params(ctx))
+
+
 app = typer.Typer(
     name="alight",
+    cls=_Group,
     help="Train the LLM inside any AI agent with reinforcement learning, without rewriting the agent.",
     no_args_is_help=True,
     add_completion=False,
@@ -45,7 +66,7 @@ def _root(
         handler.setLevel(level)
 
 
-@app.command()
+@app.command(cls=_Command)
 def store(
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port to listen on.")] = 4747,
     host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 exposes the store to other machines.")] = (
@@ -78,7 +99,7 @@ def store(
     )
 
 
-@app.command()
+@app.command(cls=_Command)
 def serve(
     model: Annotated[
         str,
@@ -128,7 +149,7 @@ def serve(
     )
 
 
-@app.command(context_settings={"allow_extra_args": False})
+@app.command(cls=_Command, context_settings={"allow_extra_args": False})
 def dev(
     config: Annotated[Path, typer.Argument(help="Experiment YAML (configs/*.yaml).")],
     overrides: Annotated[
@@ -164,7 +185,7 @@ def dev(
     show.dev_run(console, run, as_json=as_json)
 
 
-@app.command(context_settings={"allow_extra_args": False})
+@app.command(cls=_Command, context_settings={"allow_extra_args": False})
 def train(
     config: Annotated[Path, typer.Argument(help="Experiment YAML (configs/*.yaml).")],
     overrides: Annotated[
@@ -205,7 +226,7 @@ def train(
         raise typer.Exit(130)
 
 
-@app.command(context_settings={"allow_extra_args": False})
+@app.command(cls=_Command, context_settings={"allow_extra_args": False})
 def trace(
     target: Annotated[str, typer.Argument(help="A run directory, a store .db file, or a store server URL.")],
     overrides: Annotated[
@@ -234,8 +255,11 @@ def trace(
         typer.Option(help="With --transitions: the experiment YAML whose adapter and algorithm settings to use."),
     ] = None,
 ) -> None:
-    """Show the rollouts of a run, one rollout's spans (agent, LLM calls, tool calls, rewards) or the
-    transitions it yields (with the experiment's settings: --config and overrides), or export them."""
+    """Show a run's rollouts, one rollout's spans or the transitions it yields; export spans as OTLP/JSON.
+
+    A rollout's tree shows its attempts and their spans: agents, LLM calls, tool calls, rewards.
+    With --transitions, the adapter and algorithm settings are the experiment's: --config (the
+    defaults without it) and Hydra overrides, as for alight train."""
     if transitions and rollout is None:
         raise ConfigError("--transitions needs --rollout ID (the rollout whose transitions to show)")
     if not transitions and (config is not None or overrides):
@@ -261,7 +285,7 @@ def trace(
         console.print(f"[dim]wrote OTLP/JSON spans to {otlp}[/dim]")
 
 
-@app.command()
+@app.command(cls=_Command)
 def runner(
     store: Annotated[str, typer.Option(help="The store server's URL, e.g. http://127.0.0.1:4747.")],
     agent: Annotated[str, typer.Option(help="Agent entrypoint: 'module:name' or 'path/to/file.py:name'.")],

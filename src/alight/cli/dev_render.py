@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from alight.cli.trace_render import printable
 from alight.trainer.dev import DevRun
 
 
@@ -32,14 +33,14 @@ def dev_run(console: Console, run: DevRun, *, as_json: bool) -> None:
         style = "green" if r.status == "succeeded" else "red"
         task = json.dumps(r.task, ensure_ascii=False, default=str)
         table.add_row(
-            r.rollout_id,
-            task if len(task) <= 40 else task[:39] + "…",
+            Text(printable(r.rollout_id)),
+            Text(printable(task if len(task) <= 40 else task[:39] + "…")),
             Text(r.status + (f" ({r.attempts} tries)" if r.attempts > 1 else ""), style=style),
             "-" if r.reward is None else f"{r.reward:.3g}",
             str(r.llm_calls),
             str(r.tool_calls),
             "-" if r.duration_s is None else f"{r.duration_s:.2f} s",
-            r.error or "",
+            Text(printable(r.error or "")),
         )
     console.print(table)
     console.print(

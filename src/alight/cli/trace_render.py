@@ -1,5 +1,8 @@
 """How `alight trace` shows what `alight.trainer.trace` reads: the rollouts table, one rollout's
-span tree, the transitions table; or each as one JSON object on stdout (`--json`)."""
+span tree, the transitions table; or each as one JSON object on stdout (`--json`).
+
+What a run holds comes from agents and models (an untrained model emits arbitrary bytes): every
+text shown to a person goes through `printable`, and never through Rich markup."""
 
 from __future__ import annotations
 
@@ -22,12 +25,12 @@ def rollouts(console: Console, rows: Sequence[dict[str, Any]], where: str, *, as
     if as_json:
         print(json.dumps({"rollouts": rows}, default=str))
         return
-    table = Table(title=f"Rollouts in {where}", title_justify="left")
+    table = Table(title=Text(f"Rollouts in {printable(where)}"), title_justify="left")
     for column in ("rollout", "mode", "status", "reward", "attempts", "LLM calls", "tool calls", "duration"):
         table.add_column(column, justify="right" if column not in ("rollout", "mode", "status") else "left")
     for row in rows:
         table.add_row(
-            row["rollout_id"],
+            Text(printable(row["rollout_id"])),
             row["mode"],
             Text(row["status"], style=_status_style(row["status"])),
             _fmt(row["reward"]),
@@ -38,7 +41,8 @@ def rollouts(console: Console, rows: Sequence[dict[str, Any]], where: str, *, as
         )
     console.print(table)
     if rows:
-        console.print(f"[dim]alight trace {where} --rollout {rows[0]['rollout_id']}  shows one rollout's spans[/dim]")
+        hint = f"alight trace {where} --rollout {rows[0]['rollout_id']}  shows one rollout's spans"
+        console.print(Text(printable(hint), style="dim"))
 
 
 def rollout(console: Console, detail: RolloutDetail, *, as_json: bool) -> None:
@@ -55,7 +59,7 @@ def rollout(console: Console, detail: RolloutDetail, *, as_json: bool) -> None:
     task = json.dumps(rollout.task.input, ensure_ascii=False, default=str)
     head = Tree(
         Text.assemble(
-            (f"rollout {rollout.rollout_id}", "bold"),
+            (f"rollout {printable(rollout.rollout_id)}", "bold"),
             f"  {rollout.mode.value}  ",
             (rollout.status.value, _status_style(rollout.status.value)),
             f"  reward {_fmt(rollout.reward)}  task {_clip(task, 80)}",
@@ -70,9 +74,9 @@ def rollout(console: Console, detail: RolloutDetail, *, as_json: bool) -> None:
         node = head.add(
             Text.assemble(
                 (f"attempt {attempt.number}", "bold"),
-                f" {attempt.attempt_id}  ",
+                f" {printable(attempt.attempt_id)}  ",
                 (attempt.status.value, _status_style(attempt.status.value)),
-                f"  worker {attempt.worker_id or '-'}",
+                f"  worker {printable(attempt.worker_id or '-')}",
             )
         )
         if attempt.error:
@@ -98,13 +102,14 @@ def _add_span_tree(node: Tree, spans: Sequence[Span]) -> None:
 def span_label(span: Span) -> Text:
     """One line per span: kind, name, agent, timing and what matters for its kind."""
     a = span.attributes
-    label = Text.assemble((f"{span.kind.value:<6}", _KIND_STYLE.get(span.kind, "")), " ", (span.name, "bold"))
+    kind = (f"{span.kind.value:<6}", _KIND_STYLE.get(span.kind, ""))
+    label = Text.assemble(kind, " ", (_clip(span.name, 80), "bold"))
     agent = a.get(semconv.AGENT_NAME)
     if agent:
-        label.append(f"  [{agent}]", style="cyan")
+        label.append(f"  [{_clip(str(agent), 40)}]", style="cyan")
     if span.end_time is not None:
         label.append(f"  {_seconds(span.end_time - span.start_time)}", style="dim")
-    label.append("  " + _details(span))
+    label.append("  " + printable(_details(span)))
     if span.status.value == "error":
         label.append(f"  error: {_clip(span.status_message or '', 100)}", style="red")
     return label
@@ -126,7 +131,7 @@ def _details(span: Span) -> str:
         if calls:
             parts.append("calls " + ", ".join(calls))
         elif message.get("content"):
-            parts.append(repr(_clip(str(message["content"]), 60)))
+            parts.append(repr(_cut(" ".join(str(message["content"]).split()), 60)))  # repr escapes
         return "  ".join(parts)
     if span.kind == SpanKind.TOOL:
         args = a.get(semconv.TOOL_ARGUMENTS)
@@ -169,8 +174,27 @@ def _seconds(value: float | None) -> str:
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 
+def printable(text: str) -> str:
+    """`text` with each character a terminal would not show as itself (control characters such
+    as ESC, line breaks, invisible format characters) written as its escape: \\x1b, \\x0a, \\u200b."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def _clip(text: str, width: int) -> str:
-    text = " ".join(text.split())
+    """`text` on one line (whitespace runs as one space), cut to `width`, made printable."""
+    return printable(_cut(" ".join(text.split()), width))
+
+
+def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -184,18 +208,17 @@ def transitions(console: Console, data: dict[str, Any], *, as_json: bool) -> Non
         return
     s = data["settings"]
     match = s["agent_match"] if s["agent_match"] is not None else "(every agent)"
-    title = (
-        f"Transitions of rollout {data['rollout_id']}  reward {_num(data['reward'])}\n"
+    title = f"Transitions of rollout {printable(data['rollout_id'])}  reward {_num(data['reward'])}\n" + printable(
         f"mode {s['mode']}  credit {s['credit']}  advantage {s['advantage']}  agent_match {match}"
     )
-    table = Table(title=title, title_justify="left")
+    table = Table(title=Text(title), title_justify="left")
     for column in _COLUMNS:
         table.add_column(column, justify="left" if column in ("agent", "span", "logprobs") else "right")
     for row in data["transitions"]:
         table.add_row(
             str(row["step_index"]),
-            row["agent_name"] or "-",
-            (row["span_id"] or "-")[:8],
+            Text(_clip(row["agent_name"] or "-", 40)),
+            Text(printable((row["span_id"] or "-")[:8])),
             str(row["calls"]),
             str(row["prompt_length"]),
             str(row["response_length"]),
@@ -207,7 +230,7 @@ def transitions(console: Console, data: dict[str, Any], *, as_json: bool) -> Non
     console.print(table)
     group = data["group"]
     rewards = ", ".join(_num(r["reward"]) for r in group)
-    console.print(f"group {data['group_id'] or '(none)'}: {len(group)} rollouts, rewards {rewards}")
+    console.print(Text(f"group {printable(data['group_id'] or '(none)')}: {len(group)} rollouts, rewards {rewards}"))
     stats = data["stats"]
     skipped = {k: v for k, v in stats.items() if k.startswith(("calls_skipped", "rollouts_without")) and v}
     line = f"group: {stats['llm_calls']} LLM calls, {stats['calls_kept']} kept, {stats['transitions']} transitions"
