@@ -62,6 +62,26 @@ def test_help_and_version() -> None:
     assert version.returncode == 0 and version.stdout.startswith("alight ")
 
 
+@pytest.mark.parametrize("command", [[], ["store"], ["serve"], ["dev"], ["train"], ["trace"], ["runner"]])
+def test_help_shows_flags_as_flags(command: list[str]) -> None:
+    env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1"}
+    result = subprocess.run([*ALIGHT, *command, "--help"], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "<bool>" not in result.stdout
+    assert "--help " in result.stdout
+
+
+def test_each_command_has_a_one_line_summary() -> None:
+    # The first paragraph of a command's docstring is its line in `alight --help`: a line break
+    # inside it shows there as a stray break.
+    from alight.cli.app import app
+
+    for command in app.registered_commands:
+        doc = command.callback.__doc__ if command.callback else None
+        assert doc, command.callback
+        assert "\n" not in doc.strip().split("\n\n")[0], command.callback
+
+
 def test_store_serves_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     db = tmp_path / "store.db"
     with store_server("--db", str(db)) as (url, proc):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -40,3 +41,164 @@ def test_import_alight_loads_no_heavy_dependency() -> None:
     result = _run(sys.executable, "-c", code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# -- the import graph: DESIGN.md's arrows, no cycles --------------------------------------------
+
+PACKAGE = ROOT / "src" / "alight"
+#: Modules every part may use: the data model, errors, attribute names.
+FOUNDATION = frozenset({"types", "errors", "semconv"})
+#: The alight parts each part may import (beyond FOUNDATION), from DESIGN.md's "depends on" column;
+#: the small shared modules (chat_template, entrypoints, data, models, serving) sit just above the
+#: foundation. "<root>" is alight/__init__.py (the public API).
+ALLOWED: dict[str, frozenset[str]] = {
+    part: frozenset(deps)
+    for part, deps in {
+        "types": set(),
+        "errors": set(),
+        "semconv": set(),
+        "chat_template": set(),
+        "entrypoints": set(),
+        "serving": set(),
+        "config": set(),
+        "models": set(),
+        "dashboard": set(),
+        "data": {"entrypoints"},
+        "store": {"serving"},
+        "engines": {"chat_template", "models"},
+        "adapters": {"chat_template"},
+        "tracing": {"store"},
+        "agent": {"tracing", "entrypoints"},
+        "algorithms": {"adapters", "store", "config", "entrypoints"},
+        "proxy": {"store", "engines", "serving"},
+        "backends": {"algorithms", "config"},
+        "runner": {"store", "tracing", "agent", "serving"},
+        "trainer": {
+            *("adapters", "agent", "algorithms", "backends", "config", "data", "engines", "entrypoints"),
+            *("models", "proxy", "runner", "serving", "store", "tracing"),
+        },
+        "<root>": {"agent", "config", "store", "tracing", "trainer"},
+        "cli": {"trainer", "config", "dashboard", "<root>"},
+        "__main__": {"cli"},
+    }.items()
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = ["alight", *path.relative_to(PACKAGE).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _part(module: str) -> str:
+    names = module.split(".")
+    return names[1] if len(names) > 1 else "<root>"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the alight modules it imports: every import statement (inside functions and under
+    TYPE_CHECKING too), `from package import submodule` resolved to the submodule."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+            for name in names:
+                while name not in modules and "." in name:
+                    name = name.rsplit(".", 1)[0]
+                if name in modules and name != module:
+                    targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_imports_follow_the_design_arrows() -> None:
+    graph = import_graph()
+    against = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if _part(target) != _part(module)
+        and _part(target) not in FOUNDATION
+        and _part(target) not in ALLOWED.get(_part(module), frozenset())
+    )
+    assert not against, "imports against DESIGN.md's arrows:\n" + "\n".join(against)
+    assert not set(map(_part, graph)) - set(ALLOWED), "a part missing from ALLOWED: place it in the design first"
+
+
+def test_no_import_cycles_between_parts_or_modules() -> None:
+    graph = import_graph()
+    parts: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        parts.setdefault(_part(module), set()).update(_part(t) for t in targets if _part(t) != _part(module))
+    assert _cycles(parts) == []
+    assert _cycles({part: set(deps) for part, deps in ALLOWED.items()}) == []  # the design itself is a DAG
+    assert _cycles(graph) == [], "import cycles (also through imports inside functions)"
+
+
+def test_the_import_graph_reader_sees_every_kind_of_import(tmp_path: Path) -> None:
+    """The checks above fail when they should: the reader finds imports inside functions, relative
+    imports and submodules named in `from package import name`, and `_cycles` finds a cycle."""
+    graph = import_graph()
+    assert "alight.trainer.loop" in graph["alight.trainer.trainer"] or any(
+        t.startswith("alight.trainer.") for t in graph["alight.trainer.trainer"]
+    )
+    assert "alight.store.sqlite" in graph["alight.store"]  # inside a function of store/__init__.py
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

@@ -9,8 +9,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from alight.entrypoints import one_line, resolve_entrypoint
-from alight.errors import ConfigError
+from alight.entrypoints import resolve_entrypoint
+from alight.errors import ConfigError, one_line
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from alight.errors import ConfigError
+from alight.errors import ConfigError, one_line
 
 
 def resolve_entrypoint(entrypoint: str, *, what: str = "entrypoint") -> Any:
@@ -62,9 +62,3 @@ def _import_module(module_part: str, entrypoint: str, what: str) -> Any:
         raise ConfigError(f"{prefix}: importing {module_part} failed: {one_line(err)}") from None
     except Exception as err:
         raise ConfigError(f"{prefix}: importing {module_part} failed: {one_line(err)}") from None
-
-
-def one_line(err: BaseException) -> str:
-    """`Type: message` of an exception, on one line."""
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__

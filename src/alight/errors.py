@@ -16,74 +16,66 @@ class AlightError(Exception):
     #: Short machine-readable name carried in HTTP error bodies.
     code: str = "alight_error"
 
+    def __init_subclass__(cls, *, code: str | None = None, http_status: int | None = None, **kwargs: object) -> None:
+        # `class NotFoundError(StoreError, code="not_found", http_status=404)`: both in the class line.
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code = code
+        if http_status is not None:
+            cls.http_status = http_status
 
-class ConfigError(AlightError):
+
+class ConfigError(AlightError, code="config_error"):
     """A configuration, path or command-line argument is wrong."""
 
-    code = "config_error"
 
-
-class StoreError(AlightError):
+class StoreError(AlightError, code="store_error", http_status=500):
     """The store refused an operation."""
 
-    http_status = 500
-    code = "store_error"
 
-
-class InvalidRequestError(StoreError):
+class InvalidRequestError(StoreError, code="invalid_request", http_status=422):
     """The request is malformed: bad JSON, a missing field, a value of the wrong type."""
 
-    http_status = 422
-    code = "invalid_request"
 
-
-class NotFoundError(StoreError):
+class NotFoundError(StoreError, code="not_found", http_status=404):
     """An id (rollout, attempt, resource version) that the store does not know."""
 
-    http_status = 404
-    code = "not_found"
 
-
-class InvalidTransitionError(StoreError):
+class InvalidTransitionError(StoreError, code="invalid_transition", http_status=409):
     """A status change that the rollout/attempt life cycle does not allow."""
 
-    http_status = 409
-    code = "invalid_transition"
 
-
-class PayloadTooLargeError(StoreError):
+class PayloadTooLargeError(StoreError, code="payload_too_large", http_status=413):
     """A request body above the server's size limit."""
 
-    http_status = 413
-    code = "payload_too_large"
 
-
-class StoreUnavailableError(StoreError):
+class StoreUnavailableError(StoreError, code="store_unavailable", http_status=503):
     """The store server could not be reached, even after retries."""
 
-    http_status = 503
-    code = "store_unavailable"
 
-
-class ContextLengthError(InvalidRequestError):
+class ContextLengthError(InvalidRequestError, code="context_length_exceeded"):
     """A prompt (plus the requested answer) does not fit the model's context."""
 
-    code = "context_length_exceeded"
 
-
-class EngineUnavailableError(AlightError):
+class EngineUnavailableError(AlightError, code="engine_unavailable", http_status=502):
     """The inference backend could not answer: a remote endpoint is down, timed out or failed."""
 
-    http_status = 502
-    code = "engine_unavailable"
 
-
-class TrainingError(AlightError):
+class TrainingError(AlightError, code="training_failed", http_status=500):
     """A training run cannot go on (too few rollouts ended in time, every rollout failed); the CLI
     exits with code 1, as for any failure that is not the user's input."""
 
-    http_status = 500
-    code = "training_failed"
+
+def one_line(error: BaseException | str, limit: int = 1000) -> str:
+    """An exception as `Type: message` (`Type` alone when it says nothing), or a text, on one line:
+    whitespace runs collapsed, cut to `limit` characters (ending in "...")."""
+    if isinstance(error, BaseException):
+        message = str(error)
+        text = f"{type(error).__name__}: {message}" if message.strip() else type(error).__name__
+    else:
+        text = error
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 #: Error classes by their `code`, for the HTTP client to raise what the server raised.

@@ -25,7 +25,7 @@ LLM_REQUEST_MESSAGES = "llm.request.messages"  # list of OpenAI chat messages
 LLM_REQUEST_PROMPT = "llm.request.prompt"  # completions API: the prompt text
 LLM_REQUEST_TOOLS = "llm.request.tools"  # list of OpenAI tool definitions, or absent
 LLM_REQUEST_MODEL = "llm.request.model"
-LLM_REQUEST_SAMPLING = "llm.request.sampling"  # dict: temperature, top_p, max_tokens, stop, seed, ...
+LLM_REQUEST_SAMPLING = "llm.request.sampling"  # dict: the call's LLM_SAMPLING_KEYS (and provider extras)
 LLM_STREAM = "llm.stream"  # bool: the client asked for a streamed answer
 LLM_RESPONSE_MESSAGE = "llm.response.message"  # OpenAI assistant message: role, content, tool_calls
 LLM_RESPONSE_TEXT = "llm.response.text"  # completions API: the generated text
@@ -56,6 +56,21 @@ REWARD_SOURCE = "reward.source"  # "agent" (emitted or returned) or "air" (autom
 EXCEPTION_TYPE = "exception.type"
 EXCEPTION_MESSAGE = "exception.message"
 EXCEPTION_STACKTRACE = "exception.stacktrace"
+
+#: The OpenAI request fields that set sampling: LLM_REQUEST_SAMPLING holds those a call gave, by these names.
+LLM_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "logprobs",
+    "top_logprobs",
+)
 
 #: Attributes that hold lists or objects: sent as JSON strings through OpenTelemetry.
 JSON_ATTRIBUTES = frozenset(

@@ -192,7 +192,8 @@ def test_trajectory_mode_on_the_same_traces(recorded: Recorded) -> None:
 
 
 def _alight(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", "COLUMNS": "200"}
+    path = f"{REPO / 'src'}{os.pathsep}{REPO}"  # this checkout's code (whichever is installed), then tests.*
+    env = {**os.environ, "PYTHONPATH": path, "NO_COLOR": "1", "COLUMNS": "200"}
     return subprocess.run(
         [sys.executable, "-m", "alight", *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=env
     )
@@ -203,7 +204,7 @@ def test_trace_shows_the_transitions(recorded: Recorded, tmp_path: Path) -> None
     expected, _ = _adapt(recorded)
     shown = _alight(
         "trace", str(recorded.db.parent), "--rollout", rollout.rollout_id, "--transitions",
-        "--agent-match", TRAINED, "--json",
+        f"adapter.agent_match={TRAINED}", "--json",
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)

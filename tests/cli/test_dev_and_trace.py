@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def alight(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", "COLUMNS": "200"}
+    path = f"{REPO / 'src'}{os.pathsep}{REPO}"  # this checkout's code (whichever is installed), then tests.*
+    env = {**os.environ, "PYTHONPATH": path, "NO_COLOR": "1", "COLUMNS": "200"}
     return subprocess.run(
         [sys.executable, "-m", "alight", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
     )

@@ -125,3 +125,28 @@ def test_engine_failures_are_server_errors_and_error_spans() -> None:
         assert [(s.status, s.attributes[semconv.LLM_STREAM]) for s in spans] == [("error", False), ("error", True)]
         assert all("caught fire" in (s.status_message or "") for s in spans)
         assert server.proxy.gate.in_flight == 0
+
+
+class _Buggy(Proxy):
+    """A proxy with a bug: the model check itself fails."""
+
+    def check_model(self, name: str) -> None:
+        raise RuntimeError("a bug\nover two lines")
+
+
+def test_the_app_answers_http_errors_big_bodies_and_bugs_in_openais_format() -> None:
+    with ProxyServer(_Buggy(ScriptedEngine(), MemoryStore()), max_body_bytes=1000) as server:
+        chat = server.base_url() + "/chat/completions"
+        answers = {
+            "method": (httpx.get(chat), 405, "invalid_request_error", None),
+            "too big": (httpx.post(chat, content=b"x" * 2000), 413, "invalid_request_error", "payload_too_large"),
+            "bug": (httpx.post(chat, json={**OK, "model": "scripted"}), 500, "server_error", None),
+        }
+        for case, (answer, status, kind, code) in answers.items():
+            assert answer.status_code == status, (case, answer.text)
+            error = answer.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}, case
+            assert (error["type"], error["code"]) == (kind, code), case
+            assert "\n" not in error["message"] and "Traceback" not in error["message"], case
+        assert "RuntimeError: a bug over two lines" in answers["bug"][0].json()["error"]["message"]
+        assert httpx.get(server.url + "/health").status_code == 200

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from alight.errors import ConfigError
-from alight.proxy.standalone import resolve_model
+from alight.trainer.serve import resolve_model
 
 
 def model_dir(path: Path, mtime: float) -> Path:

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from alight.entrypoints import one_line, resolve_entrypoint
-from alight.errors import ConfigError
+from alight.entrypoints import resolve_entrypoint
+from alight.errors import ConfigError, one_line
 from alight.types import Transition
 
 #: Built-in credit modes; anything else must be a "module:function" entrypoint.

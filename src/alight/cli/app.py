@@ -1,19 +1,42 @@
-"""`alight` Typer app. Commands import what they need inside their body so `alight --help` stays fast."""
+"""`alight` Typer app: each command parses its arguments, loads the config and makes one call into
+the library (`alight.trainer`); the `*_render` modules show the result.
+Commands import what they need inside their body so `alight --help` stays fast."""
 
 from __future__ import annotations
 
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from alight import __version__
-from alight.errors import AlightError, TrainingError
+from alight.errors import AlightError, ConfigError, TrainingError
+
+
+def _plain_flags(params: list[Any]) -> list[Any]:
+    """Boolean flags show in help as flags (`--json`), not with a type (`--json <bool>`)."""
+    for param in params:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_flags(super().get_params(ctx))
+
+
+class _Command(TyperCommand):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain_flags(super().get_params(ctx))
+
 
 app = typer.Typer(
     name="alight",
+    cls=_Group,
     help="Train the LLM inside any AI agent with reinforcement learning, without rewriting the agent.",
     no_args_is_help=True,
     add_completion=False,
@@ -43,7 +66,7 @@ def _root(
         handler.setLevel(level)
 
 
-@app.command()
+@app.command(cls=_Command)
 def store(
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port to listen on.")] = 4747,
     host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 exposes the store to other machines.")] = (
@@ -59,18 +82,15 @@ def store(
     ] = 1.0,
 ) -> None:
     """Run a standalone store server, for runners on other machines."""
-    from alight.store.memory import MemoryStore
-    from alight.store.server import serve
-    from alight.store.sqlite import SqliteStore
+    from alight.trainer.serve import serve_store
 
-    backing = SqliteStore(db) if db is not None else MemoryStore()
     where = f"SQLite file {db}" if db is not None else "memory (lost when the server stops; use --db to keep it)"
 
     def ready(url: str) -> None:
         typer.echo(f"alight store serving on {url}, keeping rollouts in {where}; Ctrl-C stops it", err=True)
 
-    serve(
-        backing,
+    serve_store(
+        db,
         host=host,
         port=port,
         max_body_bytes=int(max_body_mb * 2**20),
@@ -79,7 +99,7 @@ def store(
     )
 
 
-@app.command()
+@app.command(cls=_Command)
 def serve(
     model: Annotated[
         str,
@@ -109,7 +129,7 @@ def serve(
     ] = False,
 ) -> None:
     """Serve a model or a training checkpoint on an OpenAI-compatible API (/v1/chat/completions...)."""
-    from alight.proxy.standalone import serve_model
+    from alight.trainer.serve import serve_model
 
     def ready(url: str) -> None:
         typer.echo(f"alight serve: {engine} engine on {url}/v1 (model {model}); Ctrl-C stops it", err=True)
@@ -129,7 +149,7 @@ def serve(
     )
 
 
-@app.command(context_settings={"allow_extra_args": False})
+@app.command(cls=_Command, context_settings={"allow_extra_args": False})
 def dev(
     config: Annotated[Path, typer.Argument(help="Experiment YAML (configs/*.yaml).")],
     overrides: Annotated[
@@ -148,12 +168,24 @@ def dev(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
     """Dry-run the configured agent on a few tasks (no training) and show what each rollout did."""
-    from alight.cli.dev_view import run_dev_command
+    from rich.console import Console
 
-    run_dev_command(config, overrides or [], n=n, endpoint=endpoint, model=model, run_dir=run_dir, as_json=as_json)
+    from alight.cli import dev_render as show
+    from alight.config import load_config, to_object
+    from alight.trainer.dev import run_dev
+
+    cfg = to_object(load_config(config, overrides or []))
+    console = Console(stderr=as_json)
+    with console.status("starting store, engine, proxy and runners...") as status:
+
+        def progress(counts: dict[str, int]) -> None:
+            status.update(f"rollouts ended: {counts['ended']}/{counts['total']}")
+
+        run = run_dev(cfg, run_dir, n=n, endpoint=endpoint, model=model, on_progress=progress)
+    show.dev_run(console, run, as_json=as_json)
 
 
-@app.command(context_settings={"allow_extra_args": False})
+@app.command(cls=_Command, context_settings={"allow_extra_args": False})
 def train(
     config: Annotated[Path, typer.Argument(help="Experiment YAML (configs/*.yaml).")],
     overrides: Annotated[
@@ -178,18 +210,33 @@ def train(
     ] = False,
 ) -> None:
     """Train the model behind the configured agent: warm start, then GRPO/PPO through the real stack."""
-    from alight.cli.train_view import run_train_command
+    from alight.config import load_config, to_object, to_yaml
 
-    code = run_train_command(
-        config, overrides or [], show_cfg=show_cfg, resume=resume, run_dir=run_dir, dashboard=not no_dashboard
-    )
-    if code:
-        raise typer.Exit(code)
+    loaded = load_config(config, overrides or [])
+    if show_cfg:
+        sys.stdout.write(to_yaml(loaded))
+        return
+    from alight.cli.train_render import train_watchers
+    from alight.trainer import Trainer
+
+    cfg = to_object(loaded)
+    with train_watchers(cfg, dashboard=not no_dashboard) as watchers:
+        result = Trainer(cfg, run_dir=run_dir, resume=resume, watchers=watchers).fit()
+    if result.stopped:
+        raise typer.Exit(130)
 
 
-@app.command()
+@app.command(cls=_Command, context_settings={"allow_extra_args": False})
 def trace(
     target: Annotated[str, typer.Argument(help="A run directory, a store .db file, or a store server URL.")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="With --transitions: Hydra overrides of the settings, such as adapter.agent_match='write|rewrite'"
+            " algorithm.advantage=rloo.",
+            show_default=False,
+        ),
+    ] = None,
     rollout: Annotated[str | None, typer.Option("--rollout", help="Show this rollout's spans as a tree.")] = None,
     all_attempts: Annotated[bool, typer.Option("--all-attempts", help="Include the spans of earlier attempts.")] = (
         False
@@ -204,45 +251,41 @@ def trace(
         ),
     ] = False,
     config: Annotated[
-        Path | None, typer.Option(help="With --transitions: take the adapter and algorithm settings from this config.")
+        Path | None,
+        typer.Option(help="With --transitions: the experiment YAML whose adapter and algorithm settings to use."),
     ] = None,
-    agent_match: Annotated[
-        str | None, typer.Option("--agent-match", help="With --transitions: regex of the agents trained on.")
-    ] = None,
-    credit: Annotated[
-        str | None, typer.Option(help="With --transitions: identity, discounted, last or module:function.")
-    ] = None,
-    mode: Annotated[str | None, typer.Option(help="With --transitions: transition or trajectory.")] = None,
-    advantage: Annotated[str | None, typer.Option(help="With --transitions: grpo, rloo or reinforce_pp.")] = None,
-    gamma: Annotated[float | None, typer.Option(help="With --transitions: discount of the discounted credit.")] = None,
 ) -> None:
-    """Show the rollouts of a run, one rollout's spans (agent, LLM calls, tool calls, rewards) or the
-    transitions it yields, or export them."""
+    """Show a run's rollouts, one rollout's spans or the transitions it yields; export spans as OTLP/JSON.
+
+    A rollout's tree shows its attempts and their spans: agents, LLM calls, tool calls, rewards.
+    With --transitions, the adapter and algorithm settings are the experiment's: --config (the
+    defaults without it) and Hydra overrides, as for alight train."""
+    if transitions and rollout is None:
+        raise ConfigError("--transitions needs --rollout ID (the rollout whose transitions to show)")
+    if not transitions and (config is not None or overrides):
+        given = " ".join(overrides or []) or f"--config {config}"
+        raise ConfigError(f"settings ({given}) apply to --transitions only")
     from rich.console import Console
 
-    from alight.cli.transitions_view import TransitionSettings, check_options, run_transitions
+    from alight.cli import trace_render as show
+    from alight.trainer import trace as reading
 
-    check_options(rollout, transitions, (config, agent_match, credit, mode, advantage, gamma))
+    console = Console()
     if transitions:
         assert rollout is not None
-        settings = TransitionSettings(config, agent_match, credit, mode, advantage, gamma)
-        run_transitions(target, rollout, settings, as_json=as_json, console=Console())
+        data = reading.read_transitions(target, rollout, config=config, overrides=overrides or [])
+        show.transitions(console, data, as_json=as_json)
         return
-
-    from alight.cli.trace_view import run_trace
-
-    run_trace(
-        target,
-        rollout_id=rollout,
-        as_json=as_json,
-        otlp_path=otlp,
-        all_attempts=all_attempts,
-        limit=limit,
-        console=Console(),
-    )
+    if rollout is None:
+        show.rollouts(console, reading.read_rollouts(target, limit=limit, otlp_path=otlp), target, as_json=as_json)
+    else:
+        detail = reading.read_rollout(target, rollout, all_attempts=all_attempts, otlp_path=otlp)
+        show.rollout(console, detail, as_json=as_json)
+    if otlp is not None and not as_json:
+        console.print(f"[dim]wrote OTLP/JSON spans to {otlp}[/dim]")
 
 
-@app.command()
+@app.command(cls=_Command)
 def runner(
     store: Annotated[str, typer.Option(help="The store server's URL, e.g. http://127.0.0.1:4747.")],
     agent: Annotated[str, typer.Option(help="Agent entrypoint: 'module:name' or 'path/to/file.py:name'.")],
@@ -253,12 +296,12 @@ def runner(
     ] = 30.0,
 ) -> None:
     """Run agents on the rollouts of a store server (on this or another machine) until Ctrl-C."""
-    from alight.runner.service import run_pool_until_interrupted
+    from alight.trainer.serve import serve_runners
 
     def ready(pool: object) -> None:
         typer.echo(f"alight runner: {n_runners} workers on {store}; Ctrl-C drains and stops", err=True)
 
-    stats = run_pool_until_interrupted(
+    stats = serve_runners(
         agent, store, n_runners=n_runners, tracer=tracer, drain_timeout_s=drain_timeout, on_ready=ready
     )
     typer.echo(

@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from alight.config.schema import SCHEMA_NAME, ExperimentConfig, register
-from alight.errors import ConfigError
+from alight.errors import ConfigError, one_line
 
 _MAIN_NAME = "__alight_main__"
 _lock = threading.Lock()  # Hydra's compose API keeps global state
@@ -167,4 +167,4 @@ def _one_line(err: BaseException) -> str:
     cause = err.__cause__ or err.__context__
     if cause is not None and str(cause) and str(cause).splitlines()[0] not in text:
         text = f"{text} ({str(cause).splitlines()[0]})"
-    return " ".join(text.split())
+    return one_line(text)

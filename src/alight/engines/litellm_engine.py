@@ -19,7 +19,14 @@ from alight.chat_template import render_prompt, render_reply, template_messages
 from alight.engines.base import ChatRequest, CompletionRequest, Engine, Generation, SamplingParams
 from alight.engines.openai_response import generation_from_response, optional_sampling
 from alight.engines.toolcalls import validate_tools
-from alight.errors import AlightError, ConfigError, ContextLengthError, EngineUnavailableError, InvalidRequestError
+from alight.errors import (
+    AlightError,
+    ConfigError,
+    ContextLengthError,
+    EngineUnavailableError,
+    InvalidRequestError,
+    one_line,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,15 +43,10 @@ def import_litellm() -> Any:
     return litellm
 
 
-def _one_line(err: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(err).split()) or type(err).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def translate_litellm_error(err: Exception) -> AlightError:
     """A LiteLLM exception as the alight error the proxy reports (one line)."""
     litellm = import_litellm()
-    message = _one_line(err)
+    message = one_line(str(err) or type(err).__name__, 300)  # LiteLLM's messages name the error class
     if isinstance(err, litellm.AuthenticationError | litellm.PermissionDeniedError):
         return ConfigError(f"litellm engine: the endpoint refused the credentials: {message}")
     if isinstance(err, litellm.ContextWindowExceededError):

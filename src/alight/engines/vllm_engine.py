@@ -31,7 +31,7 @@ from alight.engines.vllm_server import (
     vllm_executable,
     write_weights,
 )
-from alight.errors import AlightError, ConfigError, EngineUnavailableError, InvalidRequestError
+from alight.errors import AlightError, ConfigError, EngineUnavailableError, InvalidRequestError, one_line
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +95,10 @@ def _error_message(response: Any) -> str:
     try:
         body = response.json()
     except ValueError:
-        return " ".join(response.text.split())[:300] or f"HTTP {response.status_code}"
+        return one_line(response.text, 300) or f"HTTP {response.status_code}"
     error = body.get("error") if isinstance(body, dict) else None
     message = error.get("message") if isinstance(error, dict) else body.get("message") or body.get("detail")
-    return " ".join(str(message or body).split())[:300]
+    return one_line(str(message or body), 300)
 
 
 class VLLMEngine(Engine):

@@ -13,8 +13,8 @@ sure they are in the store. Sync callers use `server.update_weights(...)` / `ser
 
 from __future__ import annotations
 
-from alight.proxy.app import create_app
 from alight.proxy.proxy import Proxy
-from alight.proxy.server import ProxyServer, serve
+from alight.proxy.routes import create_app
+from alight.proxy.server import ProxyServer
 
-__all__ = ["Proxy", "ProxyServer", "create_app", "serve"]
+__all__ = ["Proxy", "ProxyServer", "create_app"]

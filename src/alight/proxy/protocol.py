@@ -12,39 +12,32 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from alight import semconv
 from alight.engines.base import ChatRequest, CompletionRequest, SamplingParams
-from alight.store.wire import one_line
+from alight.errors import one_line
+from alight.serving.app import AnsweredError
 
 INVALID_REQUEST = "invalid_request_error"
 
+#: Sampling fields engines take as they are: they travel in `extra` like any provider-specific field.
+_PASSED_THROUGH = frozenset({"presence_penalty", "frequency_penalty"})
 #: Request fields the proxy handles itself; everything else unknown goes to the engine in `extra`.
-_HANDLED = frozenset(
-    {
-        "model",
-        "messages",
-        "prompt",
-        "tools",
-        "tool_choice",
-        "response_format",
-        "temperature",
-        "top_p",
-        "max_tokens",
-        "max_completion_tokens",
-        "stop",
-        "seed",
-        "n",
-        "stream",
-        "stream_options",
-        "logprobs",
-        "top_logprobs",
-        "return_token_ids",
-        "echo",
-        "suffix",
-    }
-)
+_HANDLED = (frozenset(semconv.LLM_SAMPLING_KEYS) - _PASSED_THROUGH) | {
+    "model",
+    "messages",
+    "prompt",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "stream",
+    "stream_options",
+    "return_token_ids",
+    "echo",
+    "suffix",
+}
 
 
-class ProxyError(Exception):
+class ProxyError(AnsweredError):
     """An error answered to the client as `{"error": {"message", "type", "param", "code"}}`."""
 
     def __init__(
@@ -65,6 +58,12 @@ class ProxyError(Exception):
     def body(self) -> bytes:
         error = {"message": one_line(str(self)), "type": self.type, "param": self.param, "code": self.code}
         return orjson.dumps({"error": error})
+
+
+def openai_error_body(status: int, code: str | None, message: str) -> bytes:
+    """An error of the proxy's app in OpenAI's format: a server error from 500 up."""
+    kind = "server_error" if status >= 500 else INVALID_REQUEST
+    return ProxyError(message, status=status, type=kind, code=code).body()
 
 
 def validation_error(err: ValidationError, prefix: str = "") -> ProxyError:

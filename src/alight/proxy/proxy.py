@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 from alight.engines.base import Engine
 from alight.errors import AlightError, ConfigError, NotFoundError
+from alight.proxy.completion_objects import TokenTexts
 from alight.proxy.gate import WeightGate
 from alight.proxy.protocol import ProxyError
 from alight.proxy.recorder import SpanRecorder
-from alight.proxy.responses import TokenTexts
 from alight.store.base import Store
 
 logger = logging.getLogger(__name__)

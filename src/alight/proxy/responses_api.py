@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError
 
 from alight.engines.base import ChatRequest, Generation, StreamEvent, TextDelta
-from alight.proxy import responses
+from alight.proxy import completion_objects as objects
 from alight.proxy.protocol import (
     Content,
     FunctionDef,
@@ -326,14 +326,14 @@ class ResponsesStream(EngineStream):
     def __init__(self, proxy: Proxy, context: CallContext, request: ChatRequest, body: ResponsesBody) -> None:
         super().__init__(proxy, context, request)
         self.body = body
-        self.response_id = responses.new_call_id("resp")
+        self.response_id = objects.new_call_id("resp")
         self.created_at = time.time()
         self._sequence = 0
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
-        return f"event: {kind}\n".encode() + responses.sse(data)
+        return f"event: {kind}\n".encode() + objects.sse(data)
 
     def _error_event(self, failure: ProxyError) -> bytes:
         return self._event("error", code=failure.code, message=str(failure), param=failure.param)
@@ -351,7 +351,7 @@ class ResponsesStream(EngineStream):
         started = response_object(self.response_id, self.body, self.created_at, output=[])
         yield self._event("response.created", response=started)
         yield self._event("response.in_progress", response=started)
-        message_id = responses.new_call_id("msg")
+        message_id = objects.new_call_id("msg")
         at = {"item_id": message_id, "output_index": 0, "content_index": 0}
         streamed: list[str] = []
         generation: Generation | None = None
@@ -391,7 +391,7 @@ class ResponsesStream(EngineStream):
             yield self._event("response.output_item.done", output_index=index, item=item)
         alight = None
         if self.body.return_token_ids:
-            alight = responses.extension(generation, self.version, self.context.recorded_span_id)
+            alight = objects.extension(generation, self.version, self.context.recorded_span_id)
         final = response_object(
             self.response_id, self.body, self.created_at, output=output, generation=generation, alight=alight
         )

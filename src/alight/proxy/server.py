@@ -1,15 +1,16 @@
 """Running the proxy: `ProxyServer` serves it from a daemon thread with its own event loop, the
-way `alight.store.server.StoreServer` serves a store; `serve` runs one until Ctrl-C."""
+way `alight.store.server.StoreServer` serves a store (both are `alight.serving.BackgroundServer`s)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from alight.proxy.app import DEFAULT_MAX_BODY_BYTES, create_app
 from alight.proxy.proxy import Proxy
-from alight.serving import BackgroundServer
+from alight.proxy.routes import create_app
+from alight.serving.app import DEFAULT_MAX_BODY_BYTES
+from alight.serving.background import BackgroundServer
 
 
 class ProxyServer(BackgroundServer):
@@ -62,8 +63,3 @@ class ProxyServer(BackgroundServer):
     def flush(self, timeout_s: float | None = 60.0) -> None:
         """Blocking form of `Proxy.flush`: every answered call's span is in the store on return."""
         self.run(self.proxy.flush(), timeout_s)
-
-
-def serve(server: ProxyServer, *, on_ready: Callable[[str], None] | None = None) -> None:
-    """Serve until Ctrl-C or SIGTERM, then stop gracefully. `on_ready` gets the URL once it answers."""
-    server.serve_until_interrupted(on_ready)

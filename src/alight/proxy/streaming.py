@@ -17,7 +17,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from alight.engines.base import ChatRequest, Generation, StreamEvent, TextDelta
-from alight.proxy import responses
+from alight.proxy import completion_objects as objects
 from alight.proxy.protocol import ChatBody, ProxyError
 from alight.proxy.proxy import Proxy, engine_error
 from alight.proxy.recorder import CallContext, llm_span
@@ -97,7 +97,7 @@ class EngineStream:
             yield event
             event = await anext(self._events)
         self.generation = event
-        self.message = responses.assistant_message(event.message)
+        self.message = objects.assistant_message(event.message)
         yield event
 
     def _chunks(self, answer: AsyncIterator[StreamEvent]) -> AsyncGenerator[bytes, None]:
@@ -105,7 +105,7 @@ class EngineStream:
         raise NotImplementedError
 
     def _error_event(self, failure: ProxyError) -> bytes:
-        return responses.sse({"error": _error_fields(failure)})
+        return objects.sse({"error": _error_fields(failure)})
 
     async def close(self) -> None:
         if self._closed:
@@ -150,7 +150,7 @@ class ChatStream(EngineStream):
     def __init__(self, proxy: Proxy, context: CallContext, request: ChatRequest, body: ChatBody) -> None:
         super().__init__(proxy, context, request)
         self.body = body
-        self.chunks = responses.ChatChunks(responses.new_call_id("chatcmpl"), request.model, body.include_usage)
+        self.chunks = objects.ChatChunks(objects.new_call_id("chatcmpl"), request.model, body.include_usage)
 
     async def _chunks(self, answer: AsyncIterator[StreamEvent]) -> AsyncGenerator[bytes, None]:
         yield self.chunks.first()
@@ -162,10 +162,10 @@ class ChatStream(EngineStream):
             assert self.message is not None
             for chunk in self.chunks.tool_calls(self.message):
                 yield chunk
-            logprobs = responses.logprobs_content(event, self.proxy.token_texts) if self.body.logprobs else None
+            logprobs = objects.logprobs_content(event, self.proxy.token_texts) if self.body.logprobs else None
             alight = None
             if self.body.return_token_ids:
-                alight = responses.extension(event, self.version, self.context.recorded_span_id)
+                alight = objects.extension(event, self.version, self.context.recorded_span_id)
             for chunk in self.chunks.last(event, logprobs=logprobs, alight=alight):
                 yield chunk
 

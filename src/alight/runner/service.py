@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from alight.runner.pool import RunnerPool
 from alight.runner.slots import PoolStats
-from alight.serving import sigterm_interrupts
+from alight.serving.background import sigterm_interrupts
 
 if TYPE_CHECKING:
     from alight.agent import LitAgent

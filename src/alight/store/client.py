@@ -31,12 +31,13 @@ from alight.errors import (
     PayloadTooLargeError,
     StoreError,
     StoreUnavailableError,
+    one_line,
 )
 from alight.store import wire
 from alight.store.base import Store
 from alight.store.columns import LLMColumns, decode_columns, gc_paused
 from alight.store.span_batcher import SpanBatcher
-from alight.store.wire import IDEMPOTENCY_HEADER, one_line
+from alight.store.wire import IDEMPOTENCY_HEADER
 from alight.types import (
     Attempt,
     AttemptStatus,

@@ -1,10 +1,10 @@
 """The HTTP store server: any `Store` behind JSON routes, for runners in other processes or hosts.
 
-One route per `Store` method (see `create_app`). Errors travel as
-`{"error": {"code": ..., "message": ...}}` with the status of the `AlightError` class, so the
-client (`alight.store.client.StoreClient`) raises what the store raised. Hot routes skip
-FastAPI's body and response models: they read bytes, validate them with cached pydantic
-adapters, and answer bytes.
+One route per `Store` method (see `create_app`), on the app every alight server starts from
+(`alight.serving.app.ServerApp`). Errors travel as `{"error": {"code": ..., "message": ...}}` with
+the status of the `AlightError` class, so the client (`alight.store.client.StoreClient`) raises
+what the store raised. Hot routes skip FastAPI's body and response models: they read bytes,
+validate them with cached pydantic adapters, and answer bytes.
 """
 
 from __future__ import annotations
@@ -13,72 +13,44 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import fastapi
 import orjson
-from pydantic import ValidationError
-from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
-from alight.errors import AlightError, ConfigError, InvalidRequestError, PayloadTooLargeError, StoreError
-from alight.serving import BackgroundServer
+from alight.errors import AlightError, ConfigError, InvalidRequestError, StoreError, one_line
+from alight.serving.app import DEFAULT_MAX_BODY_BYTES, Endpoint, Handler, ServerApp
+from alight.serving.background import BackgroundServer
 from alight.store import wire
 from alight.store.base import ALL_ATTEMPTS, Store
 from alight.store.columns import MEDIA_TYPE as COLUMNS_MEDIA_TYPE
 from alight.store.columns import encode_columns, gc_paused
 from alight.store.otlp import receive_traces  # opentelemetry-proto loads on the first request
-from alight.store.wire import IDEMPOTENCY_HEADER, one_line, validation_message
+from alight.store.wire import IDEMPOTENCY_HEADER
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 32 * 2**20
-JSON = "application/json"
 _REMEMBERED_ANSWERS = 4096
 
 
-# -- answers ----------------------------------------------------------------------------------
-
-
-def _error(status: int, code: str, message: str) -> Response:
-    return Response(wire.error_body(code, message), status_code=status, media_type=JSON)
-
-
-Handler = Callable[[Request], Awaitable[bytes | Response]]
-
-
-def _respond(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """Turn a handler returning JSON bytes (or its own response) into an endpoint that answers
-    every failure as JSON."""
-
-    async def endpoint(request: Request) -> Response:
-        try:
-            answer = await handler(request)
-            return answer if isinstance(answer, Response) else Response(answer, media_type=JSON)
-        except AlightError as err:
-            return _error(err.http_status, err.code, str(err))
-        except ValidationError as err:
-            return _error(422, InvalidRequestError.code, validation_message(err))
-        except ClientDisconnect:
-            return _error(400, InvalidRequestError.code, "client disconnected while sending the body")
-        except Exception as err:
-            logger.exception("store server: %s %s failed", request.method, request.url.path)
-            return _error(500, StoreError.code, f"internal error: {type(err).__name__}: {err}")
-
-    return endpoint
+def _error_body(status: int, code: str | None, message: str) -> bytes:
+    # Every answer names a code the client maps back to an error class; unnamed ones by status.
+    return wire.error_body(code or (StoreError.code if status >= 500 else "http_error"), message)
 
 
 class _Remembered:
     """Answers of recent requests by idempotency key: a retried write gets the first answer
     (the same span counts, the same resource version) instead of being applied again."""
 
-    def __init__(self, size: int = _REMEMBERED_ANSWERS) -> None:
+    def __init__(self, server: ServerApp, size: int = _REMEMBERED_ANSWERS) -> None:
+        self._server = server
         self._size = size
         self._answers: OrderedDict[str, asyncio.Future[Response]] = OrderedDict()
 
-    def wrap(self, endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    def wrap(self, endpoint: Endpoint) -> Endpoint:
         async def remembered(request: Request) -> Response:
             key = request.headers.get(IDEMPOTENCY_HEADER)
             if key is None:
@@ -94,7 +66,7 @@ class _Remembered:
                 response = await endpoint(request)
             except BaseException:
                 self._answers.pop(key, None)
-                future.set_result(_error(503, "retry", "the first try of this request was interrupted"))
+                future.set_result(self._server.error(503, "retry", "the first try of this request was interrupted"))
                 raise
             if response.status_code >= 500:
                 self._answers.pop(key, None)  # let a later retry run again
@@ -102,27 +74,6 @@ class _Remembered:
             return response
 
         return remembered
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with PayloadTooLargeError past `limit` bytes (checked on the
-    declared Content-Length first, then while streaming a chunked body)."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise InvalidRequestError(f"bad Content-Length header {declared!r}") from None
-        if size > limit:
-            raise PayloadTooLargeError(f"request body of {size} bytes is over the limit of {limit} bytes")
-    chunks: list[bytes] = []
-    received = 0
-    async for chunk in request.stream():
-        received += len(chunk)
-        if received > limit:
-            raise PayloadTooLargeError(f"request body is over the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 # -- the app ----------------------------------------------------------------------------------
@@ -138,7 +89,7 @@ def create_app(
     `watchdog_interval_s` seconds (None: never). The app does not close the store."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: fastapi.FastAPI) -> AsyncIterator[None]:
+    async def watchdog() -> AsyncIterator[None]:
         task = None
         if watchdog_interval_s is not None:
             task = asyncio.create_task(_watchdog(store, watchdog_interval_s), name="alight-store-watchdog")
@@ -150,32 +101,14 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    app = fastapi.FastAPI(
-        title="alight store",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-        # No OpenTelemetry spans for store requests: in a process whose tracer writes spans to
-        # the store, they would feed back into it (and they cost time on every request).
-        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
-    )
-
-    async def on_http_exception(request: Request, exc: Exception) -> Response:
-        # Unknown paths and methods answer in the same error format as everything else.
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        code = "not_found" if status == 404 else "http_error"
-        return _error(status, code, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}")
-
-    app.add_exception_handler(HTTPException, on_http_exception)
-    remembered = _Remembered()
+    server = ServerApp("store server", error_body=_error_body, lifespan=watchdog, max_body_bytes=max_body_bytes)
+    remembered = _Remembered(server)
 
     def route(path: str, method: str, handler: Handler, *, idempotent: bool = False) -> None:
-        endpoint = _respond(handler)
-        app.add_route(path, remembered.wrap(endpoint) if idempotent else endpoint, methods=[method])
+        endpoint = server.guard(handler)
+        server.app.add_route(path, remembered.wrap(endpoint) if idempotent else endpoint, methods=[method])
 
-    async def body(request: Request) -> bytes:
-        return await read_body(request, max_body_bytes)
+    body = server.body
 
     # -- queue ----------------------------------------------------------------------------
     async def enqueue(request: Request) -> bytes:
@@ -312,18 +245,12 @@ def create_app(
 
     # -- OTLP/HTTP: spans from any OpenTelemetry SDK or Collector (protobuf or JSON) ----------
     async def otlp_traces(request: Request) -> Response:
-
         try:
             answer, media_type = await receive_traces(
                 store, await body(request), request.headers.get("content-type"), request.headers.get("content-encoding")
             )
-        except AlightError as err:
-            return _error(err.http_status if err.http_status != 422 else 400, err.code, str(err))
-        except ClientDisconnect:
-            return _error(400, InvalidRequestError.code, "client disconnected while sending the body")
-        except Exception as err:
-            logger.exception("store server: POST /v1/traces failed")
-            return _error(500, StoreError.code, f"internal error: {type(err).__name__}: {err}")
+        except InvalidRequestError as err:  # OTLP/HTTP answers a bad export with 400, not 422
+            return server.error(400, err.code, str(err))
         return Response(answer, media_type=media_type)
 
     route("/store/enqueue", "POST", enqueue)
@@ -348,8 +275,8 @@ def create_app(
     route("/store/counts", "GET", counts)
     route("/store/reap", "POST", reap, idempotent=True)
     route("/health", "GET", health)
-    app.add_route("/v1/traces", otlp_traces, methods=["POST"])
-    return app
+    route("/v1/traces", "POST", otlp_traces)
+    return server.app
 
 
 async def _watchdog(store: Store, interval_s: float) -> None:

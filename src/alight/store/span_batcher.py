@@ -15,8 +15,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from alight.errors import AlightError, StoreError
-from alight.store.wire import one_line
+from alight.errors import AlightError, StoreError, one_line
 from alight.types import Span
 
 logger = logging.getLogger(__name__)
@@ -148,7 +147,7 @@ class SpanBatcher:
                     results = await self._post([group.spans for group in batch])
                 except Exception as err:  # never let the sender die: its callers would hang
                     logger.exception("span write to %s failed", self._target)
-                    results = [StoreError(one_line(f"span write failed: {type(err).__name__}: {err}"))]
+                    results = [StoreError(f"span write failed: {one_line(err)}")]
                     results *= len(batch)
                 for group, result in zip(batch, results, strict=True):
                     self._settle(group, result)

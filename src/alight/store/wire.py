@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from alight.errors import (
     ERRORS_BY_CODE,
@@ -17,6 +17,7 @@ from alight.errors import (
     PayloadTooLargeError,
     StoreError,
     StoreUnavailableError,
+    one_line,
 )
 from alight.types import (
     Attempt,
@@ -134,12 +135,6 @@ _ERRORS_BY_STATUS: dict[int, type[AlightError]] = {
 }
 
 
-def one_line(text: str, limit: int = 1000) -> str:
-    """`text` on one line (whitespace runs collapsed), cut to `limit` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
 def error_body(code: str, message: str) -> bytes:
     return orjson.dumps({"error": {"code": code, "message": one_line(message)}})
 
@@ -150,13 +145,3 @@ def raised(status: int, error: Any, fallback: str) -> AlightError:
         cls = ERRORS_BY_CODE.get(error["code"]) or _ERRORS_BY_STATUS.get(status, StoreError)
         return cls(one_line(str(error.get("message", ""))))
     return _ERRORS_BY_STATUS.get(status, StoreError)(one_line(fallback))
-
-
-def validation_message(err: ValidationError) -> str:
-    """The first problem of a failed validation, its location and how many more there are."""
-    problems = err.errors(include_url=False, include_context=False, include_input=False)
-    first = problems[0]
-    where = ".".join(str(part) for part in first["loc"])
-    text = f"{where}: {first['msg']}" if where else first["msg"]
-    more = len(problems) - 1
-    return f"invalid request body: {text}" + (f" (and {more} more errors)" if more else "")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from alight.tracing.base import Tracer, make_tracer
+from alight.tracing.base import Tracer
 from alight.tracing.context import (
     ActiveSpan,
     AttemptContext,
@@ -20,6 +20,7 @@ from alight.tracing.context import (
     emit_reward,
     emit_tool,
 )
+from alight.tracing.factory import make_tracer
 from alight.tracing.light import LightTracer
 
 if TYPE_CHECKING:

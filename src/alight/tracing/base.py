@@ -13,10 +13,10 @@ import abc
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
 from alight import semconv
-from alight.errors import ConfigError
+from alight.errors import one_line
 from alight.store.base import Store
 from alight.tracing.context import AttemptContext
 from alight.types import Attempt, Rollout, SpanKind, SpanStatus
@@ -53,7 +53,7 @@ class Tracer(abc.ABC):
                 try:
                     yield ctx
                 except BaseException as err:
-                    root.end(SpanStatus.ERROR, " ".join(f"{type(err).__name__}: {err}".split())[:1000])
+                    root.end(SpanStatus.ERROR, one_line(err))
                     raise
                 root.end()
         finally:
@@ -69,16 +69,3 @@ class Tracer(abc.ABC):
         from alight.tracing.langchain import shared_handler
 
         return shared_handler()
-
-
-def make_tracer(kind: Literal["light", "otel"] = "light") -> Tracer:
-    """The tracer named by `kind`: "light" (no dependency) or "otel" (OpenTelemetry SDK)."""
-    if kind == "light":
-        from alight.tracing.light import LightTracer
-
-        return LightTracer()
-    if kind == "otel":
-        from alight.tracing.otel import OtelTracer
-
-        return OtelTracer()
-    raise ConfigError(f"unknown tracer {kind!r}: choose 'light' or 'otel'")

@@ -23,6 +23,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from alight import semconv
+from alight.errors import one_line
 from alight.store.base import Store
 from alight.types import Span, SpanKind, SpanStatus
 
@@ -262,7 +263,7 @@ def exit_agent(frame: _Frame | None, error: BaseException | str | None = None) -
         if error is None:
             frame.parent.end()
         else:
-            frame.parent.end(SpanStatus.ERROR, _one_line(error))
+            frame.parent.end(SpanStatus.ERROR, one_line(error))
     _CURRENT.set(frame.outer)
 
 
@@ -337,7 +338,7 @@ def emit_exception(exc: BaseException) -> None:
         semconv.EXCEPTION_STACKTRACE: "".join(traceback.format_exception(exc)),
     }
     status = SpanStatus.ERROR
-    frame.attempt.record("exception", SpanKind.OTHER, attrs, status=status, message=_one_line(exc), frame=frame)
+    frame.attempt.record("exception", SpanKind.OTHER, attrs, status=status, message=one_line(exc), frame=frame)
 
 
 def tool_attributes(
@@ -373,8 +374,3 @@ def jsonable(value: Any) -> Any:
     except (TypeError, ValueError):
         return str(value)
     return value
-
-
-def _one_line(error: BaseException | str) -> str:
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    return " ".join(text.split())[:1000]

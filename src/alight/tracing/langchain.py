@@ -17,6 +17,7 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 
 from alight import semconv
+from alight.errors import one_line
 from alight.tracing.context import (
     ActiveSpan,
     _Frame,
@@ -166,7 +167,7 @@ class AlightCallbackHandler(BaseCallbackHandler):
             return
         span.attributes[semconv.TOOL_ERROR] = True
         span.attributes[semconv.TOOL_OUTPUT] = f"{type(error).__name__}: {error}"
-        span.end(SpanStatus.ERROR, " ".join(f"{type(error).__name__}: {error}".split())[:1000])
+        span.end(SpanStatus.ERROR, one_line(error))
 
 
 _shared: AlightCallbackHandler | None = None

@@ -20,22 +20,10 @@ from openai._legacy_response import LegacyAPIResponse
 from openai._response import APIResponse, AsyncAPIResponse
 
 from alight import semconv
+from alight.errors import one_line
 from alight.tracing.context import ActiveSpan, _Frame, jsonable, tool_attributes
 from alight.types import SpanKind, SpanStatus
 
-_SAMPLING_KEYS = (
-    "temperature",
-    "top_p",
-    "max_tokens",
-    "max_completion_tokens",
-    "stop",
-    "seed",
-    "n",
-    "presence_penalty",
-    "frequency_penalty",
-    "logprobs",
-    "top_logprobs",
-)
 #: (message, text, finish reason, model, usage): what a call's span records about its answer.
 Answer = tuple[dict[str, Any] | None, str | None, str | None, str | None, dict[str, Any] | None]
 _NO_ANSWER: Answer = (None, None, None, None, None)
@@ -105,7 +93,7 @@ class LLMCall:
         self.done = True
         if self.span is not None:
             self.span.attributes[semconv.LLM_LATENCY_S] = time.perf_counter() - self.started
-            self.span.end(SpanStatus.ERROR, " ".join(f"{type(err).__name__}: {err}".split())[:1000])
+            self.span.end(SpanStatus.ERROR, one_line(err))
 
     def _parsed(self, parsed: Any) -> None:
         if isinstance(parsed, Stream | AsyncStream):
@@ -363,7 +351,7 @@ def _common_request(kwargs: dict[str, Any]) -> dict[str, Any]:
     model = kwargs.get("model")
     if isinstance(model, str):
         attrs[semconv.LLM_REQUEST_MODEL] = model
-    sampling = {key: kwargs[key] for key in _SAMPLING_KEYS if _is_given(kwargs.get(key))}
+    sampling = {key: kwargs[key] for key in semconv.LLM_SAMPLING_KEYS if _is_given(kwargs.get(key))}
     if sampling:
         attrs[semconv.LLM_REQUEST_SAMPLING] = jsonable(sampling)
     return attrs

@@ -1,5 +1,6 @@
 """The trainer: `Trainer.fit` / `Trainer.dev` wire store, proxy + engine, runners, LightningRL and a backend."""
 
-from alight.trainer.trainer import FitResult, Trainer, entrypoint_of
+from alight.trainer.result import FitResult
+from alight.trainer.trainer import Trainer, entrypoint_of
 
 __all__ = ["FitResult", "Trainer", "entrypoint_of"]

@@ -56,6 +56,15 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and PyTorch's global RNGs (what `rng_state` saves)."""
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def rng_state(extra: Any = None) -> dict[str, Any]:
     import torch
 

@@ -32,6 +32,15 @@ class DevResult:
     error: str | None  # last line of the last failed attempt's error
 
 
+@dataclass
+class DevRun:
+    """What `run_dev` did: where the run's store is kept, and each rollout's result."""
+
+    run_dir: Path
+    results: list[DevResult]
+    elapsed_s: float
+
+
 def with_endpoint(cfg: ExperimentConfig, endpoint: str | None, model: str | None) -> ExperimentConfig:
     """The config with its engine swapped for an external OpenAI-compatible endpoint (via LiteLLM)."""
     if endpoint is None and model is None:
@@ -60,16 +69,25 @@ def dev_rows(cfg: ExperimentConfig, n: int) -> list[Any]:
 
 def run_dev(
     cfg: ExperimentConfig,
-    run_dir: Path,
+    run_dir: Path | None = None,
     *,
     n: int | None = None,
+    endpoint: str | None = None,
+    model: str | None = None,
     on_progress: Callable[[dict[str, int]], None] | None = None,
-) -> list[DevResult]:
-    """Run the agent on `n` tasks through store, proxy, engine and runner pool; the store stays in
-    `run_dir` for `alight trace`. Every input problem raises ConfigError before a worker starts."""
+) -> DevRun:
+    """Run the agent on `n` tasks (default `dev.n`) through store, proxy, engine and runner pool;
+    the store stays in `run_dir` (default `{output_dir}/{name}-dev-{timestamp}`) for `alight trace`.
+    `endpoint`/`model` swap the engine for an OpenAI-compatible endpoint (see `with_endpoint`);
+    `on_progress` gets the counts of ended rollouts. Every input problem raises ConfigError before
+    a worker starts."""
     from alight.agent import load_agent
+    from alight.trainer.run_dir import new_run_dir
     from alight.trainer.stack import LocalStack, check_endpoint
 
+    started = time.monotonic()
+    cfg = with_endpoint(cfg, endpoint, model)
+    run_dir = run_dir or new_run_dir(cfg, "dev")
     count = n or cfg.dev.n
     load_agent(cfg.agent.entrypoint)  # an entrypoint that does not import fails here, in one line
     tasks = dev_rows(cfg, count)
@@ -77,7 +95,8 @@ def run_dev(
         check_endpoint(cfg.engine.base_url)
     with LocalStack(cfg, run_dir, n_runners=min(cfg.runner.n_runners, len(tasks))) as stack:
         assert stack.store_url is not None
-        return asyncio.run(_run(cfg, stack.store_url, tasks, on_progress))
+        results = asyncio.run(_run(cfg, stack.store_url, tasks, on_progress))
+    return DevRun(run_dir, results, time.monotonic() - started)
 
 
 async def _run(

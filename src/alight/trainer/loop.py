@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from alight.config.schema import ExperimentConfig
-from alight.errors import ConfigError
+from alight.errors import ConfigError, TrainingError
 from alight.trainer import checkpoint as ckpt
+from alight.trainer.checkpoint import seed_everything
 from alight.trainer.events import Watchers
-from alight.trainer.trainer import BASE_MODEL_DIR, FitResult, TrainingError, demonstration_batches, seed_everything
+from alight.trainer.result import FitResult
+from alight.trainer.run_dir import BASE_MODEL_DIR
+from alight.trainer.sampler import demonstration_batches
 
 logger = logging.getLogger(__name__)
 

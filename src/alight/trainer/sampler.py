@@ -1,6 +1,11 @@
-"""Which tasks each step trains on: seeded passes over the train rows, resumable by position."""
+"""What each step trains on: seeded passes over the train rows (resumable by position), and
+endless shuffled batches of demonstrations for the warm start."""
 
 from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,3 +39,15 @@ class TaskSampler:
     def epoch(self) -> float:
         """Passes over the data so far (fractional)."""
         return self.position / self.n_rows
+
+
+def demonstration_batches(transitions: Sequence[Any], batch_size: int, pad_id: int, seed: int) -> Iterator[Any]:
+    """Endless shuffled batches of demonstration transitions (a fresh order each pass)."""
+    from alight.algorithms.batch import TransitionBatch
+
+    rng = random.Random(seed)
+    order = list(range(len(transitions)))
+    while True:
+        rng.shuffle(order)
+        for start in range(0, len(order) - batch_size + 1 if len(order) >= batch_size else 1, batch_size):
+            yield TransitionBatch.from_transitions([transitions[i] for i in order[start : start + batch_size]], pad_id)

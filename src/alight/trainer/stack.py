@@ -15,10 +15,9 @@ from typing import Any
 
 from alight.config.schema import EngineConfig, ExperimentConfig
 from alight.errors import ConfigError
+from alight.trainer.run_dir import STORE_FILE
 
 logger = logging.getLogger(__name__)
-
-STORE_FILE = "store.db"
 
 
 def engine_options(engine: EngineConfig) -> tuple[str, dict[str, Any]]:

@@ -13,35 +13,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 import sys
-import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError, TrainingError
+from alight.trainer.result import FitResult
+from alight.trainer.run_dir import latest_run_dir, new_run_dir
 
 logger = logging.getLogger(__name__)
 
-BASE_MODEL_DIR = "base_model"
 __all__ = ["FitResult", "Trainer", "TrainingError", "entrypoint_of"]
 Rows = Sequence[dict[str, Any]]
-
-
-@dataclass
-class FitResult:
-    """What `Trainer.fit` did."""
-
-    run_dir: Path
-    steps: int  # the last RL step completed
-    metrics: list[dict[str, Any]]  # one dict per step, as in metrics.jsonl
-    val_reward_start: float | None  # val/reward_mean at step 0 (after the warm start)
-    val_reward_end: float | None  # the last val/reward_mean
-    stopped: bool  # interrupted (Ctrl-C) before the last step
-    png: Path | None
 
 
 def entrypoint_of(agent: Any) -> str:
@@ -62,34 +47,6 @@ def entrypoint_of(agent: Any) -> str:
             raise ConfigError("an agent defined interactively cannot run in runner processes; put it in a file")
         return f"{file}:{name}"
     return f"{module_name}:{name}"
-
-
-def new_run_dir(cfg: ExperimentConfig, kind: str = "") -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path(cfg.trainer.output_dir) / f"{cfg.name}{'-' + kind if kind else ''}-{stamp}"
-
-
-def latest_run_dir(cfg: ExperimentConfig) -> Path:
-    """The newest run directory of this experiment that holds a checkpoint (for `--resume`)."""
-    from alight.trainer.checkpoint import latest_checkpoint
-
-    root = Path(cfg.trainer.output_dir)
-    runs = sorted(
-        (p for p in root.glob(f"{cfg.name}-*") if p.is_dir() and latest_checkpoint(p) is not None),
-        key=lambda p: p.stat().st_mtime,
-    )
-    if not runs:
-        raise ConfigError(f"--resume: no run of {cfg.name!r} with a checkpoint under {root}")
-    return runs[-1]
-
-
-def seed_everything(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 class Trainer:
@@ -148,7 +105,7 @@ class Trainer:
             if not isinstance(data, str):
                 raise ConfigError("Trainer.dev takes data as a spec (file or generator); pass rows to fit")
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, val=data))
-        return run_dev(cfg, self.run_dir or new_run_dir(cfg, "dev"), n=n)
+        return run_dev(cfg, self.run_dir, n=n).results
 
     # -- pieces ---------------------------------------------------------------------------------
     def _config_for(self, agent: Any) -> ExperimentConfig:
@@ -203,15 +160,3 @@ def _check_trainer(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"trainer.backend {t.backend!r} is not available here (only 'embedded')")
     if cfg.algorithm.name != "sft" and t.group_size < 2 and cfg.algorithm.advantage in ("grpo", "rloo"):
         raise ConfigError(f"trainer.group_size must be at least 2 for {cfg.algorithm.advantage} advantages")
-
-
-def demonstration_batches(transitions: Sequence[Any], batch_size: int, pad_id: int, seed: int) -> Iterator[Any]:
-    """Endless shuffled batches of demonstration transitions (a fresh order each pass)."""
-    from alight.algorithms.batch import TransitionBatch
-
-    rng = random.Random(seed)
-    order = list(range(len(transitions)))
-    while True:
-        rng.shuffle(order)
-        for start in range(0, len(order) - batch_size + 1 if len(order) >= batch_size else 1, batch_size):
-            yield TransitionBatch.from_transitions([transitions[i] for i in order[start : start + batch_size]], pad_id)

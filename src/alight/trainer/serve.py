@@ -1,17 +1,68 @@
-"""`alight serve`: a model or a training checkpoint on the OpenAI-compatible API, no trainer needed."""
+"""Serving until interrupted, as the commands do: `alight serve` (a model or a training checkpoint
+on the OpenAI-compatible API, no trainer needed), `alight store` (a standalone store server) and
+`alight runner` (a runner pool working for a store server anywhere)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alight.errors import ConfigError
+
+if TYPE_CHECKING:
+    from alight.runner.slots import PoolStats
 
 logger = logging.getLogger(__name__)
 
 ENGINES = ("embedded", "vllm", "litellm")
+
+
+def serve_store(
+    db: Path | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 4747,
+    max_body_bytes: int | None = None,
+    watchdog_interval_s: float | None = 1.0,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve a store until Ctrl-C or SIGTERM: the SQLite file `db` (durable), or without it a
+    store in memory. ConfigError for a taken port or an unusable `db`, before serving."""
+    from alight.serving.app import DEFAULT_MAX_BODY_BYTES
+    from alight.store.memory import MemoryStore
+    from alight.store.server import serve
+    from alight.store.sqlite import SqliteStore
+
+    store = SqliteStore(db) if db is not None else MemoryStore()
+    serve(
+        store,
+        host=host,
+        port=port,
+        max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+        watchdog_interval_s=watchdog_interval_s,
+        on_ready=on_ready,
+    )
+
+
+def serve_runners(
+    agent: str,
+    store_url: str,
+    *,
+    n_runners: int = 4,
+    tracer: str = "light",
+    drain_timeout_s: float = 30.0,
+    on_ready: Callable[[Any], None] | None = None,
+) -> PoolStats:
+    """Run `n_runners` worker processes on the rollouts of the store server at `store_url` until
+    Ctrl-C or SIGTERM, then drain (see `alight.runner.service`); returns the pool's counts. A bad
+    agent or URL raises ConfigError before any worker starts."""
+    from alight.runner.service import run_pool_until_interrupted
+
+    return run_pool_until_interrupted(
+        agent, store_url, n_runners=n_runners, tracer=tracer, drain_timeout_s=drain_timeout_s, on_ready=on_ready
+    )
 
 
 def resolve_model(model: str) -> str:
@@ -64,7 +115,7 @@ def serve_model(
         options.update(model=model, base_url=base_url, api_key_env=api_key_env)
     from alight.engines.factory import make_engine
     from alight.proxy.proxy import Proxy
-    from alight.proxy.server import ProxyServer, serve
+    from alight.proxy.server import ProxyServer
 
     store = None
     if store_url is not None:
@@ -72,4 +123,4 @@ def serve_model(
 
         store = StoreClient(store_url)
     proxy = Proxy(make_engine(engine, **options), store)
-    serve(ProxyServer(proxy, host=host, port=port, admin=admin), on_ready=on_ready)
+    ProxyServer(proxy, host=host, port=port, admin=admin).serve_until_interrupted(on_ready)

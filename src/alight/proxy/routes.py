@@ -1,7 +1,8 @@
-"""The proxy's HTTP app: OpenAI routes at `/v1/...` and `/rollout/{rollout_id}/attempt/{attempt_id}/v1/...`.
+"""The proxy's routes: OpenAI's API at `/v1/...` and `/rollout/{rollout_id}/attempt/{attempt_id}/v1/...`.
 
-Every failure answers in OpenAI's error format (`{"error": {"message", "type", "param", "code"}}`):
-400 for an invalid request, 404 for an unknown model or route, 500 when the engine fails.
+On the app every alight server starts from (`alight.serving.app.ServerApp`), every failure answers
+in OpenAI's error format (`{"error": {"message", "type", "param", "code"}}`): 400 for an invalid
+request, 404 for an unknown model or route, 500 when the engine fails.
 """
 
 from __future__ import annotations
@@ -15,14 +16,20 @@ from typing import Any
 import fastapi
 import orjson
 from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 
 from alight.engines.base import ChatRequest, CompletionRequest, Generation
-from alight.errors import AlightError, PayloadTooLargeError
-from alight.proxy import responses
-from alight.proxy.protocol import ChatBody, CompletionBody, ProxyError, parse_json, validation_error
+from alight.errors import AlightError
+from alight.proxy import completion_objects as objects
+from alight.proxy.protocol import (
+    ChatBody,
+    CompletionBody,
+    ProxyError,
+    openai_error_body,
+    parse_json,
+    validation_error,
+)
 from alight.proxy.proxy import Proxy, engine_error
 from alight.proxy.recorder import CallContext, llm_span
 from alight.proxy.responses_api import (
@@ -33,37 +40,15 @@ from alight.proxy.responses_api import (
     status_of,
 )
 from alight.proxy.streaming import ChatStream, EngineStream, EventStream
-from alight.store.server import read_body
+from alight.serving.app import DEFAULT_MAX_BODY_BYTES, JSON, ServerApp
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 32 * 2**20
-JSON = "application/json"
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
-
-Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type=JSON)
-
-
-def _answers_errors(handler: Endpoint) -> Endpoint:
-    async def endpoint(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except ProxyError as err:
-            return Response(err.body(), status_code=err.status, media_type=JSON)
-        except PayloadTooLargeError as err:
-            return Response(ProxyError(str(err), status=413).body(), status_code=413, media_type=JSON)
-        except ClientDisconnect:
-            return Response(ProxyError("client disconnected").body(), status_code=400, media_type=JSON)
-        except Exception as err:
-            logger.exception("proxy: %s %s failed", request.method, request.url.path)
-            failure = ProxyError(f"internal error: {type(err).__name__}: {err}", status=500, type="server_error")
-            return Response(failure.body(), status_code=500, media_type=JSON)
-
-    return endpoint
 
 
 class WeightsBody(BaseModel):
@@ -78,7 +63,7 @@ def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ad
     engine and store closed). `admin` adds POST /admin/weights for trainers in other processes."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: fastapi.FastAPI) -> AsyncIterator[None]:
+    async def running() -> AsyncIterator[None]:
         if not proxy.started:  # ProxyServer starts it before serving, to report failures in one line
             await proxy.start()
         try:
@@ -86,30 +71,14 @@ def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ad
         finally:
             await proxy.close()
 
-    app = fastapi.FastAPI(
-        title="alight proxy",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-        # No OpenTelemetry spans for proxy requests: the proxy writes its own LLM spans.
-        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
-    )
-
-    async def on_http_exception(request: Request, exc: Exception) -> Response:
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        message = f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}"
-        code = "not_found" if status == 404 else None
-        return Response(ProxyError(message, status=status, code=code).body(), status_code=status, media_type=JSON)
-
-    app.add_exception_handler(HTTPException, on_http_exception)
+    server = ServerApp("proxy", error_body=openai_error_body, lifespan=running, max_body_bytes=max_body_bytes)
 
     async def parsed(
         request: Request,
         model: type[ChatBody] | type[CompletionBody] | type[ResponsesBody],
         context: CallContext,
     ) -> Any:
-        data = parse_json(await read_body(request, max_body_bytes))
+        data = parse_json(await server.body(request))
         try:
             body = model.model_validate(data)
         except ValidationError as err:
@@ -157,7 +126,7 @@ def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ad
         generation, version, started, latency = await generate(
             context, engine_request, lambda: proxy.engine.chat(engine_request), api
         )
-        message = responses.assistant_message(generation.message)
+        message = objects.assistant_message(generation.message)
         if context.recorded:
             span = llm_span(
                 context, engine_request, stream=False, started=started, latency_s=latency, version=version,
@@ -175,10 +144,10 @@ def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ad
         if body.stream:
             return await _streamed(ChatStream(proxy, context, engine_request, body))
         generation, message, version = await answer_chat(context, engine_request, "chat")
-        logprobs = responses.logprobs_content(generation, proxy.token_texts) if body.logprobs else None
-        alight = responses.extension(generation, version, context.recorded_span_id) if body.return_token_ids else None
-        call_id = responses.new_call_id("chatcmpl")
-        return _json(responses.chat_completion(call_id, generation, message, logprobs=logprobs, alight=alight))
+        logprobs = objects.logprobs_content(generation, proxy.token_texts) if body.logprobs else None
+        alight = objects.extension(generation, version, context.recorded_span_id) if body.return_token_ids else None
+        call_id = objects.new_call_id("chatcmpl")
+        return _json(objects.chat_completion(call_id, generation, message, logprobs=logprobs, alight=alight))
 
     async def respond(request: Request) -> Response:
         context = CallContext.of(request.path_params, request.headers)
@@ -188,9 +157,9 @@ def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ad
             return await _streamed(ResponsesStream(proxy, context, engine_request, body))
         created_at = time.time()
         generation, message, version = await answer_chat(context, engine_request, "responses")
-        alight = responses.extension(generation, version, context.recorded_span_id) if body.return_token_ids else None
-        output = output_items(message, message_id=responses.new_call_id("msg"), status=status_of(generation))
-        response_id = responses.new_call_id("resp")
+        alight = objects.extension(generation, version, context.recorded_span_id) if body.return_token_ids else None
+        output = output_items(message, message_id=objects.new_call_id("msg"), status=status_of(generation))
+        response_id = objects.new_call_id("resp")
         return _json(
             response_object(response_id, body, created_at, output=output, generation=generation, alight=alight)
         )
@@ -210,11 +179,11 @@ def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ad
             proxy.recorder.record(span)
         else:
             logger.debug("proxy: completions call without rollout/attempt ids: served, not recorded")
-        alight = responses.extension(generation, version, context.recorded_span_id) if body.return_token_ids else None
-        call_id = responses.new_call_id("cmpl")
+        alight = objects.extension(generation, version, context.recorded_span_id) if body.return_token_ids else None
+        call_id = objects.new_call_id("cmpl")
         if body.stream:
             return EventStream(_completion_events(call_id, generation, body.include_usage), None)
-        answer = responses.completion(
+        answer = objects.completion(
             call_id, generation, logprobs=body.logprobs, token_texts=proxy.token_texts, alight=alight
         )
         return _json(answer)
@@ -232,7 +201,7 @@ def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ad
 
     async def update_weights(request: Request) -> Response:
         try:
-            body = WeightsBody.model_validate(parse_json(await read_body(request, max_body_bytes)))
+            body = WeightsBody.model_validate(parse_json(await server.body(request)))
         except ValidationError as err:
             raise validation_error(err) from None
         try:
@@ -244,15 +213,15 @@ def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ad
         return _json({"version": proxy.version})
 
     for prefix in ("", ROLLOUT_PREFIX):
-        app.add_route(f"{prefix}/v1/chat/completions", _answers_errors(chat), methods=["POST"])
-        app.add_route(f"{prefix}/v1/completions", _answers_errors(complete), methods=["POST"])
-        app.add_route(f"{prefix}/v1/responses", _answers_errors(respond), methods=["POST"])
-        app.add_route(f"{prefix}/v1/models", _answers_errors(models), methods=["GET"])
-        app.add_route(f"{prefix}/v1/models/{{model:path}}", _answers_errors(model), methods=["GET"])
-    app.add_route("/health", health, methods=["GET"])
+        server.route(f"{prefix}/v1/chat/completions", "POST", chat)
+        server.route(f"{prefix}/v1/completions", "POST", complete)
+        server.route(f"{prefix}/v1/responses", "POST", respond)
+        server.route(f"{prefix}/v1/models", "GET", models)
+        server.route(f"{prefix}/v1/models/{{model:path}}", "GET", model)
+    server.route("/health", "GET", health)
     if admin:
-        app.add_route("/admin/weights", _answers_errors(update_weights), methods=["POST"])
-    return app
+        server.route("/admin/weights", "POST", update_weights)
+    return server.app
 
 
 async def _streamed(stream: EngineStream) -> Response:
@@ -268,11 +237,11 @@ def _model_card(name: str) -> dict[str, Any]:
 
 async def _completion_events(call_id: str, generation: Generation, include_usage: bool) -> AsyncIterator[bytes]:
     """A finished completion as a stream: the text, the finish reason, the usage if asked."""
-    yield responses.completion_chunk(call_id, generation.model, generation.text, None)
-    yield responses.completion_chunk(call_id, generation.model, "", generation.finish_reason)
+    yield objects.completion_chunk(call_id, generation.model, generation.text, None)
+    yield objects.completion_chunk(call_id, generation.model, "", generation.finish_reason)
     if include_usage:
-        usage = responses.usage(generation)
-        yield responses.sse(
+        usage = objects.usage(generation)
+        yield objects.sse(
             {"id": call_id, "object": "text_completion", "model": generation.model, "choices": [], "usage": usage}
         )
-    yield responses.DONE
+    yield objects.DONE

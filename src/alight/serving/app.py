@@ -1,0 +1,150 @@
+"""`ServerApp`: the FastAPI app the store server and the LLM proxy start from.
+
+What both need, written once: no docs routes and no OpenTelemetry spans for requests, the
+server's lifespan, a capped request body, and every failure answered as JSON, never a traceback:
+an unknown route or method, an `AlightError` (its status and code), a failed validation, a client
+gone while sending, an unexpected exception (logged, answered 500). The server names the error
+format (`error_body`): the store answers `{"error": {"code", "message"}}`, the proxy OpenAI's
+`{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+
+import fastapi
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from alight.errors import AlightError, InvalidRequestError, PayloadTooLargeError, one_line
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 32 * 2**20
+JSON = "application/json"
+
+#: Writes an error as the server answers it: (status, code or None, one-line message) -> JSON body.
+ErrorBody = Callable[[int, str | None, str], bytes]
+Endpoint = Callable[[Request], Awaitable[Response]]
+#: A route's handler: the answer, or the bytes of a JSON answer.
+Handler = Callable[[Request], Awaitable[Response | bytes]]
+
+
+class AnsweredError(Exception):
+    """An error that carries its own HTTP answer (the proxy's OpenAI errors, with their `param`)."""
+
+    status: int = 400
+
+    def body(self) -> bytes:
+        raise NotImplementedError
+
+
+class ServerApp:
+    """A FastAPI app (`.app`) whose routes answer every failure as JSON in `error_body`'s format.
+
+    `lifespan` (optional) is entered while the app serves: the store's watchdog, the proxy's
+    engine. `what` names the server in logs; `max_body_bytes` caps the bodies `body()` reads."""
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        error_body: ErrorBody,
+        lifespan: Callable[[], AbstractAsyncContextManager[None]] | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        self.what = what
+        self.error_body = error_body
+        self.max_body_bytes = max_body_bytes
+
+        @contextlib.asynccontextmanager
+        async def serving(app: fastapi.FastAPI) -> AsyncIterator[None]:
+            async with lifespan() if lifespan is not None else contextlib.nullcontext():
+                yield
+
+        self.app = fastapi.FastAPI(
+            title=f"alight {what}",
+            lifespan=serving,
+            docs_url=None,
+            redoc_url=None,
+            openapi_url=None,
+            # No OpenTelemetry spans for requests: the store would be fed its own traffic, the
+            # proxy writes its own LLM spans, and they cost time on every request.
+            telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
+        )
+        self.app.add_exception_handler(HTTPException, self._on_http_exception)
+
+    def error(self, status: int, code: str | None, message: str) -> Response:
+        """An error answer in the server's format (the message on one line)."""
+        return Response(self.error_body(status, code, one_line(message)), status_code=status, media_type=JSON)
+
+    def guard(self, handler: Handler) -> Endpoint:
+        """`handler` as an endpoint that answers JSON bytes as JSON and every failure as an error."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                answer = await handler(request)
+            except AnsweredError as err:
+                return Response(err.body(), status_code=err.status, media_type=JSON)
+            except AlightError as err:
+                return self.error(err.http_status, err.code, str(err))
+            except ValidationError as err:
+                return self.error(422, InvalidRequestError.code, validation_message(err))
+            except ClientDisconnect:
+                return self.error(400, InvalidRequestError.code, "client disconnected while sending the body")
+            except Exception as err:
+                logger.exception("%s: %s %s failed", self.what, request.method, request.url.path)
+                return self.error(500, None, f"internal error: {one_line(err)}")
+            return answer if isinstance(answer, Response) else Response(answer, media_type=JSON)
+
+        return endpoint
+
+    def route(self, path: str, method: str, handler: Handler) -> None:
+        """Add `handler` at `path` for `method`, guarded (see `guard`)."""
+        self.app.add_route(path, self.guard(handler), methods=[method])
+
+    async def body(self, request: Request) -> bytes:
+        """The request body, refused past `max_body_bytes` (see `read_body`)."""
+        return await read_body(request, self.max_body_bytes)
+
+    async def _on_http_exception(self, request: Request, exc: Exception) -> Response:
+        # Unknown paths and methods answer in the same format as everything else.
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        code = "not_found" if status == 404 else None
+        return self.error(status, code, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with PayloadTooLargeError past `limit` bytes (checked on the
+    declared Content-Length first, then while streaming a chunked body)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise InvalidRequestError(f"bad Content-Length header {declared!r}") from None
+        if size > limit:
+            raise PayloadTooLargeError(f"request body of {size} bytes is over the limit of {limit} bytes")
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > limit:
+            raise PayloadTooLargeError(f"request body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def validation_message(err: ValidationError) -> str:
+    """The first problem of a failed validation, its location and how many more there are."""
+    problems = err.errors(include_url=False, include_context=False, include_input=False)
+    first = problems[0]
+    where = ".".join(str(part) for part in first["loc"])
+    text = f"{where}: {first['msg']}" if where else first["msg"]
+    more = len(problems) - 1
+    return f"invalid request body: {text}" + (f" (and {more} more errors)" if more else "")
