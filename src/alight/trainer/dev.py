@@ -69,12 +69,16 @@ def run_dev(
     `run_dir` for `alight trace`. Every input problem raises ConfigError before a worker starts."""
     from alight.agent import load_agent
     from alight.trainer.stack import LocalStack, check_endpoint
+    from alight.trainer.threads import ThreadPolicy
 
     count = n or cfg.dev.n
+    threads = ThreadPolicy.from_config(cfg.trainer.torch_threads, cfg.trainer.torch_interop_threads, cfg.engine.device)
     load_agent(cfg.agent.entrypoint)  # an entrypoint that does not import fails here, in one line
     tasks = dev_rows(cfg, count)
     if cfg.engine.kind == "litellm" and cfg.engine.base_url:
         check_endpoint(cfg.engine.base_url)
+    if cfg.engine.kind == "embedded":  # the engine runs in this process
+        threads.apply()
     with LocalStack(cfg, run_dir, n_runners=min(cfg.runner.n_runners, len(tasks))) as stack:
         assert stack.store_url is not None
         return asyncio.run(_run(cfg, stack.store_url, tasks, on_progress))

@@ -21,6 +21,7 @@ from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError
 from alight.trainer import checkpoint as ckpt
 from alight.trainer.events import Watchers
+from alight.trainer.threads import ThreadPolicy
 from alight.trainer.trainer import BASE_MODEL_DIR, FitResult, TrainingError, demonstration_batches, seed_everything
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class RLLoop:
         self.resume = resume
         self.events = Watchers(watchers)
         t = cfg.trainer
+        self.threads = ThreadPolicy.from_config(t.torch_threads, t.torch_interop_threads, t.device)
         self.total_steps = t.steps or max(1, t.epochs * len(train_rows) // t.batch_size)
         self.step = 0  # last completed step
         self.saved_step = -1
@@ -71,6 +73,7 @@ class RLLoop:
         handler = self._log_to_file()
         stopped = False
         try:
+            self.threads.apply()
             self._write_config()
             self.metrics_log = MetricsLog(
                 self.run_dir,
