@@ -18,7 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def alight(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", "COLUMNS": "200"}
+    # The repository for tests.fixtures, ahead of what PYTHONPATH names (a checkout's src/, say).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "NO_COLOR": "1", "COLUMNS": "200"}
     return subprocess.run(
         [sys.executable, "-m", "alight", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
     )
@@ -87,6 +89,8 @@ def test_dev_with_the_embedded_tiny_model(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "alight dev" in done.stdout and "succeeded" in done.stdout
     assert "alight trace" in done.stdout
+    for bar in ("Loading weights", "Writing model shards", "it/s]"):  # transformers' tqdm bars stay off
+        assert bar not in done.stdout + done.stderr, done.stderr
 
 
 def test_otlp_export_loads_back_through_the_store_receiver(tmp_path: Path) -> None:

@@ -68,6 +68,7 @@ def run_dev(
     """Run the agent on `n` tasks through store, proxy, engine and runner pool; the store stays in
     `run_dir` for `alight trace`. Every input problem raises ConfigError before a worker starts."""
     from alight.agent import load_agent
+    from alight.models.progress import quiet_progress_bars
     from alight.trainer.stack import LocalStack, check_endpoint
     from alight.trainer.threads import ThreadPolicy
 
@@ -77,6 +78,7 @@ def run_dev(
     tasks = dev_rows(cfg, count)
     if cfg.engine.kind == "litellm" and cfg.engine.base_url:
         check_endpoint(cfg.engine.base_url)
+    quiet_progress_bars()
     if cfg.engine.kind == "embedded":  # the engine runs in this process
         threads.apply()
     with LocalStack(cfg, run_dir, n_runners=min(cfg.runner.n_runners, len(tasks))) as stack:

@@ -67,6 +67,7 @@ class RLLoop:
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> FitResult:
+        from alight.models.progress import quiet_progress_bars
         from alight.trainer.metrics import MetricsLog
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -74,6 +75,7 @@ class RLLoop:
         stopped = False
         try:
             self.threads.apply()
+            quiet_progress_bars()
             self._write_config()
             self.metrics_log = MetricsLog(
                 self.run_dir,
