@@ -71,7 +71,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "agent": {"tracing", "entrypoints"},
         "algorithms": {"adapters", "store", "config", "entrypoints"},
         "proxy": {"store", "engines", "serving"},
-        "backends": {"algorithms", "config"},
+        "backends": {"algorithms", "config", "models"},
         "runner": {"store", "tracing", "agent", "serving"},
         "trainer": {
             *("adapters", "agent", "algorithms", "backends", "config", "data", "engines", "entrypoints"),

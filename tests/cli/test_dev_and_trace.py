@@ -88,6 +88,8 @@ def test_dev_with_the_embedded_tiny_model(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "alight dev" in done.stdout and "succeeded" in done.stdout
     assert "alight trace" in done.stdout
+    for bar in ("Loading weights", "Writing model shards", "it/s]"):  # transformers' tqdm bars stay off
+        assert bar not in done.stdout + done.stderr, done.stderr
 
 
 def test_otlp_export_loads_back_through_the_store_receiver(tmp_path: Path) -> None:

@@ -123,11 +123,26 @@ def test_a_short_terminal_keeps_the_header_and_the_chart() -> None:
     assert "step 5/5" in text and "1.00 ┤" in text
 
 
-def test_before_any_step_it_shows_the_warm_start() -> None:
+def test_before_the_first_step_it_shows_each_stage_and_the_warm_start_loss_curve() -> None:
+    dashboard = TrainDashboard(Console(file=io.StringIO(), width=100))
+    info = {"run_name": "r", "total_steps": 10, "algorithm": "grpo", "model": "tiny", "resumed_from": None}
+    dashboard.on_start({**info, "warm_start_steps": 400})
+    for stage in ("building the model", "loading the model", "generating demonstrations"):
+        dashboard.on_stage(stage, 0, 1, {})
+    for done in range(0, 310, 10):
+        dashboard.on_stage("warm start", done, 400, {"loss": 2.0 - done / 200})
+    text = "\n".join(frame(dashboard, 100))
+    assert "warm start" in text and "300/400 · loss 0.500" in text and "left" in text  # progress and its ETA
+    assert "loss 0.500 at step 300/400" in text and "2.00 ┤" in text  # the loss curve, on its own scale
+    assert any("\u2800" <= char <= "\u28ff" for char in text)
+    for stage in ("building the model", "loading the model", "generating demonstrations"):
+        assert stage in text  # the timeline of the stages so far
+    assert "waiting for the first step" not in text
+
+
+def test_a_resumed_run_names_its_checkpoint_step() -> None:
     dashboard = TrainDashboard(Console(file=io.StringIO(), width=100))
     dashboard.on_start({"run_name": "r", "total_steps": 10, "algorithm": "grpo", "model": "tiny", "resumed_from": 4})
-    dashboard.on_stage("warm start", 300, 1200, {"loss": 0.41})
+    dashboard.on_stage("loading the model", 0, 1, {})
     text = "\n".join(frame(dashboard, 100))
-    assert "grpo · tiny · resumed from step 4" in text
-    assert "warm start" in text and "300/1200 · loss 0.410" in text
-    assert "waiting for the first step" in text
+    assert "grpo · tiny · resumed from step 4" in text and "loading the model" in text

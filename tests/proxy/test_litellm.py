@@ -134,6 +134,7 @@ def test_alight_serve_subprocess_behind_the_litellm_engine(tiny_dir: Path) -> No
     try:
         assert proc.returncode == 0, err
         assert f"{upstream}/v1" in err  # the URL is printed when ready
+        assert "Loading weights" not in err and "it/s]" not in err  # transformers' progress bar stays off
         [recorded] = asyncio.run(spans_at(store_server.url, rid))  # flushed on Ctrl-C
         assert recorded.attributes[semconv.LLM_USAGE]["completion_tokens"] == 3
     finally:

@@ -65,7 +65,8 @@ def test_killed_run_resumes_without_lost_or_repeated_steps(tmp_path: Path) -> No
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     printed = [json.loads(line) for line in resumed.stdout.splitlines()]
     assert printed[-1]["event"] == "end" and printed[-1]["steps"] == STEPS
-    assert printed[0]["step"] >= 3  # resumed after the last checkpoint, not from scratch
+    assert printed[0]["event"] == "start" and printed[0]["resumed_from"] >= 2  # the last checkpoint
+    assert next(row for row in printed if "event" not in row)["step"] >= 3  # resumed, not from scratch
 
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(STEPS + 1))  # step 0 (validation) then every RL step, each once

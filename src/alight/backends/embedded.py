@@ -83,13 +83,16 @@ class EmbeddedBackend:
         import torch
         from transformers import AutoModelForCausalLM
 
+        from alight.models.progress import progress_bars_off
+
         check_algorithm(algorithm)
         self.cfg = algorithm
         self.device = torch.device(device)
         self.temperature = temperature if temperature > 0 else 1.0
         self.model_path = Path(model_path)
         self.generator = torch.Generator().manual_seed(seed)
-        model: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        with progress_bars_off():
+            model: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         model.config.use_cache = False
         self.lora = algorithm.lora.enabled
         if self.lora:
@@ -305,11 +308,14 @@ class EmbeddedBackend:
         """Write the policy (a servable Hugging Face model directory), adapters and optimizer state."""
         import torch
 
+        from alight.models.progress import progress_bars_off
+
         directory.mkdir(parents=True, exist_ok=True)
         base = self.model.get_base_model() if self.lora else self.model
-        base.save_pretrained(directory, state_dict=self.engine_weights())
-        if self.lora:
-            self.model.save_pretrained(directory / ADAPTER_DIR)
+        with progress_bars_off():
+            base.save_pretrained(directory, state_dict=self.engine_weights())
+            if self.lora:
+                self.model.save_pretrained(directory / ADAPTER_DIR)
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
         if self.reference is not None:
             state["reference"] = self.reference.state_dict()

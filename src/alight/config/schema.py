@@ -159,6 +159,10 @@ class TrainerConfig:
     seed: int = 0  # fixes data order, model initialisation and sampling
     device: str = "cpu"  # where the embedded backend trains: cpu | cuda | cuda:N
     backend: str = "embedded"  # embedded (PyTorch in this process) | verl
+    # PyTorch threads of the trainer process (warm start, updates, the embedded engine): auto (half
+    # the usable cores on CPU, 1 with a GPU; idle threads sleep) | torch (PyTorch's defaults) | a number
+    torch_threads: str = "auto"
+    torch_interop_threads: str = "auto"  # PyTorch inter-op threads: auto (1; alight forks no torch work) | torch | N
 
 
 @dataclass

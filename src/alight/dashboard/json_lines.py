@@ -1,4 +1,4 @@
-"""`JsonLinesReporter`: one JSON object per step on stdout, for scripts (`alight train --json`)."""
+"""`JsonLinesReporter`: one JSON object per line on stdout, for scripts (`alight train --json`)."""
 
 from __future__ import annotations
 
@@ -6,30 +6,46 @@ import json
 import math
 import numbers
 import sys
+import time
 from typing import Any, TextIO
 
 
 class JsonLinesReporter:
-    """Writes one compact JSON line per step and a final `{"event": "end", ...}` line to `stream`.
+    """Writes compact JSON lines to `stream`: `{"event": "start", ...}` first, then the stages of
+    the run (`{"event": "stage", "stage", "done", "total", "elapsed_s", ...}`: when one begins and
+    ends, and at most every `stage_every_s` seconds in between), one line per step (its metrics,
+    with `step`, no `event`), and a final `{"event": "end", ...}`.
 
     Nothing else goes to `stream`, so a script can parse it line by line; failed rollouts'
     errors go to `err_stream` as plain lines starting with "alight: ".
     """
 
-    def __init__(self, stream: TextIO | None = None, err_stream: TextIO | None = None) -> None:
+    def __init__(
+        self, stream: TextIO | None = None, err_stream: TextIO | None = None, *, stage_every_s: float = 5.0
+    ) -> None:
         self._stream = stream or sys.stdout
         self._err = err_stream or sys.stderr
+        self._stage_every_s = stage_every_s
+        self._started = time.monotonic()
+        self._stage: tuple[str, float] | None = None  # the current stage and when its last line was written
 
     def on_start(self, info: dict[str, Any]) -> None:
-        pass
+        self._started = time.monotonic()
+        self._write({"event": "start", **{k: v for k, v in info.items() if k != "history"}})
 
     def on_stage(self, stage: str, done: int, total: int, info: dict[str, Any]) -> None:
-        pass
+        now = time.monotonic()
+        new = self._stage is None or self._stage[0] != stage
+        if new or done >= total or now - (self._stage[1] if self._stage else now) >= self._stage_every_s:
+            self._stage = (stage, now)
+            row = {"event": "stage", "stage": stage, "done": done, "total": total, **info}
+            self._write({**row, "elapsed_s": round(now - self._started, 1)})
 
     def on_rollouts(self, step: int, counts: dict[str, int]) -> None:
         pass
 
     def on_step(self, metrics: dict[str, Any]) -> None:
+        self._stage = None
         self._write(metrics)
 
     def on_error(self, message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -104,8 +105,12 @@ def header_panel(state: RunState) -> Panel:
     grid.add_row(Text(counter, style="bold"), ProgressBar(total=total or 1, completed=step or 0), clock)
     stage = state.stage
     if stage is not None:
-        progress = [f"{stage.done}/{stage.total}", *(f"{k} {fmt(v)}" for k, v in stage.info.items())]
+        progress = [f"{stage.done}/{stage.total}"] if stage.total > 1 else []
+        progress += [f"{k} {fmt(v)}" for k, v in stage.info.items()]
         progress.append(clock_time(state.elapsed() - (stage.started - state.started)))
+        left = stage.eta(time.monotonic())
+        if left is not None:
+            progress.append(f"~{clock_time(left)} left")
         grid.add_row(
             Text(stage.name, style="bold yellow"),
             ProgressBar(total=stage.total or 1, completed=stage.done, pulse=stage.total <= 0),
@@ -116,7 +121,10 @@ def header_panel(state: RunState) -> Panel:
 
 
 def reward_panel(state: RunState, width: int, height: int) -> Panel:
-    """The reward chart: train reward mean per step (braille line) and val reward mean (markers)."""
+    """The reward chart: train reward mean per step (braille line) and val reward mean (markers);
+    before the first reward, the warm start's loss curve."""
+    if not state.train and not state.val and state.warm_start:
+        return warm_start_panel(state, width, height)
     key = (len(state.train), len(state.val), width, height)
     if state.chart_cache is None or state.chart_cache[0] != key:  # redrawn only when a step or the size changed
         state.chart_cache = (key, render_chart({"train": state.train, "val": state.val}, width - 4, height))
@@ -132,6 +140,19 @@ def reward_panel(state: RunState, width: int, height: int) -> Panel:
         best = max(state.val, key=lambda point: point[1])
         notes.append(f"val {state.val[-1][1]:.3f} (best {best[1]:.3f} @ {best[0]})")
     subtitle = " · ".join(notes) if notes else "waiting for the first step"
+    return Panel(chart, title=title, title_align="left", subtitle=subtitle, subtitle_align="right", height=height + 2)
+
+
+def warm_start_panel(state: RunState, width: int, height: int) -> Panel:
+    """The warm start's loss (mean of the last 50 steps) per step, while it runs."""
+    key = (-len(state.warm_start), 0, width, height)
+    if state.chart_cache is None or state.chart_cache[0] != key:
+        state.chart_cache = (key, render_chart({"loss": state.warm_start}, width - 4, height))
+    chart = Text("\n").join(_colour_chart_line(line) for line in state.chart_cache[1])
+    step, loss = state.warm_start[-1]
+    total = state.info.get("warm_start_steps") or (state.stage.total if state.stage is not None else None)
+    subtitle = f"loss {loss:.3f} at step {step}" + (f"/{total}" if total else "")
+    title = Text.assemble("warm start  ", ("⠤⠒ loss", TRAIN_STYLE))
     return Panel(chart, title=title, title_align="left", subtitle=subtitle, subtitle_align="right", height=height + 2)
 
 
@@ -191,9 +212,12 @@ def throughput_panel(state: RunState) -> Panel:
 
 
 def step_time_panel(state: RunState) -> Panel:
-    """Where the last step's time went: a proportional bar and the seconds of each part."""
+    """Where the last step's time went: a proportional bar and the seconds of each part (before
+    the first step: the stages of the run's start)."""
     latest = state.latest
     parts = [(name, s, style) for key, name, style in TIME_PARTS if (s := number(latest.get(key))) and s > 0]
+    if not parts:
+        return stages_panel(state)
     # The trainer's step time leaves validation out; the bar's whole is whichever is larger.
     step_s = max(number(latest.get("timing/step_s")) or 0.0, sum(s for _, s, _ in parts))
     other = step_s - sum(s for _, s, _ in parts)
@@ -206,19 +230,27 @@ def step_time_panel(state: RunState) -> Panel:
     ]
     if number(latest.get("weights_version")) is not None:
         facts.append(f"weights v{fmt(latest.get('weights_version'))}")
-    if not parts:
-        body: RenderableType = Text("waiting for the first step", style="dim")
-    else:
-        bar = Table.grid(expand=True)
-        for _, seconds, _ in parts:
-            bar.add_column(ratio=max(1, round(seconds / step_s * 100)), no_wrap=True, overflow="crop")
-        bar.add_row(*(Text("█" * 200, style=style) for _, _, style in parts))
-        legend = Text(no_wrap=True, overflow="ellipsis")
-        for name, seconds, style in parts:
-            legend.append(name, style).append(f" {duration(seconds)}  ")
-        body = Group(bar, legend, Text(" · ".join(facts), style="dim", no_wrap=True, overflow="ellipsis"))
-    title = "step time" + (f" · {duration(step_s)}" if parts else "")
-    return Panel(body, title=title, title_align="left", height=5)
+    bar = Table.grid(expand=True)
+    for _, seconds, _ in parts:
+        bar.add_column(ratio=max(1, round(seconds / step_s * 100)), no_wrap=True, overflow="crop")
+    bar.add_row(*(Text("█" * 200, style=style) for _, _, style in parts))
+    legend = Text(no_wrap=True, overflow="ellipsis")
+    for name, seconds, style in parts:
+        legend.append(name, style).append(f" {duration(seconds)}  ")
+    body = Group(bar, legend, Text(" · ".join(facts), style="dim", no_wrap=True, overflow="ellipsis"))
+    return Panel(body, title=f"step time · {duration(step_s)}", title_align="left", height=5)
+
+
+def stages_panel(state: RunState) -> Panel:
+    """Before the first step: each stage of the run's start and how long it took, the current one last."""
+    done = [(name, seconds, "") for name, seconds in state.stages]
+    if state.stage is not None:
+        done.append((state.stage.name, time.monotonic() - state.stage.started, "bold yellow"))
+    line = Text(no_wrap=False)
+    for i, (name, seconds, style) in enumerate(done):
+        line.append(" → " if i else "", "dim").append(name, style or "dim").append(f" {duration(seconds)}", style)
+    body: RenderableType = line if done else Text("starting", style="dim")
+    return Panel(body, title="stages", title_align="left", height=5)
 
 
 def actor_panel(state: RunState) -> Panel:

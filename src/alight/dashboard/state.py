@@ -10,17 +10,25 @@ from typing import Any
 
 #: Rollout statuses in the order the view shows them.
 ROLLOUT_STATUSES = ("queuing", "running", "succeeded", "failed", "timeout", "cancelled")
+#: The stage whose `loss` the view draws until the first RL step.
+WARM_START = "warm start"
 
 
 @dataclass
 class Stage:
-    """Progress of long work outside a step (warm start, validation)."""
+    """Progress of work outside a step (building the model, warm start, starting runners, validation)."""
 
     name: str
     done: int
     total: int
     info: dict[str, Any]
     started: float  # time.monotonic() of its first event
+
+    def eta(self, now: float) -> float | None:
+        """Seconds left at this stage's pace so far; None before its first unit of work is done."""
+        if self.total <= 1 or self.done <= 0 or self.done >= self.total:
+            return None
+        return (now - self.started) / self.done * (self.total - self.done)
 
 
 @dataclass
@@ -37,6 +45,8 @@ class RunState:
     rollouts_step: int | None = None
     rollouts: dict[str, int] = field(default_factory=dict)
     stage: Stage | None = None
+    stages: list[tuple[str, float]] = field(default_factory=list)  # (name, seconds) of the stages that ended
+    warm_start: list[tuple[int, float]] = field(default_factory=list)  # (warm-start step, loss)
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=5))
     n_errors: int = 0
     step_ends: deque[float] = field(default_factory=lambda: deque(maxlen=6))  # monotonic end times
@@ -56,16 +66,29 @@ class RunState:
 
     def on_stage(self, name: str, done: int, total: int, info: dict[str, Any]) -> None:
         now = time.monotonic()
-        started = self.stage.started if self.stage is not None and self.stage.name == name else now
-        self.stage = Stage(name, done, total, dict(info), started)
+        if self.stage is None or self.stage.name != name:
+            self._end_stage(now)
+            self.stage = Stage(name, done, total, dict(info), now)
+        else:
+            self.stage.done, self.stage.total, self.stage.info = done, total, dict(info)
+        loss = number(info.get("loss"))
+        if name == WARM_START and loss is not None and done > 0:
+            self.warm_start.append((done, loss))
 
     def on_rollouts(self, step: int, counts: dict[str, int]) -> None:
+        self._end_stage(time.monotonic())  # a step's rollouts run: the stages before it ended
         self.rollouts_step, self.rollouts = step, dict(counts)
 
     def on_step(self, metrics: dict[str, Any]) -> None:
         self._fold(metrics)
         self.step_ends.append(time.monotonic())
-        self.stage = None  # warm start and validation end before the step they belong to
+        self._end_stage(self.step_ends[-1])  # warm start and validation end before the step they belong to
+
+    def _end_stage(self, now: float) -> None:
+        if self.stage is not None:
+            if (self.step or 0) < 1:  # the timeline of the run's start; later stages are validations
+                self.stages.append((self.stage.name, now - self.stage.started))
+            self.stage = None
 
     def on_error(self, message: str) -> None:
         self.n_errors += 1

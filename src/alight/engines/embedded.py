@@ -121,6 +121,8 @@ class EmbeddedEngine(Engine):
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
+            from alight.models.progress import progress_bars_off
+
             if self._torch_threads is not None:
                 torch.set_num_threads(self._torch_threads)
             path = tiny_model_dir(self._cache_dir) if self._source == TINY else Path(self._source)
@@ -129,8 +131,9 @@ class EmbeddedEngine(Engine):
                 torch, self._dtype
             )
             try:
-                tokenizer = AutoTokenizer.from_pretrained(path)
-                model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+                with progress_bars_off():
+                    tokenizer = AutoTokenizer.from_pretrained(path)
+                    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
                 model = model.to(self._device).eval()
             except (OSError, ValueError, RuntimeError) as err:
                 raise ConfigError(f"embedded engine: cannot load model {self._source!r}: {_first_line(err)}") from err

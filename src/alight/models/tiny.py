@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alight.errors import ConfigError
+from alight.models.progress import progress_bars_off
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -143,7 +144,8 @@ def build_tiny_model(
     # Build next to the target and move the files in at the end, so a failure leaves no half model.
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
         staging = Path(tmp)
-        model.save_pretrained(staging)
+        with progress_bars_off():
+            model.save_pretrained(staging)
         tokenizer.save(staging)
         (staging / MARKER_FILE).write_text(
             json.dumps(

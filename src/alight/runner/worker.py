@@ -36,6 +36,15 @@ EXIT_RECYCLE = 75  # a timed-out agent thread is stuck: replace this process
 #: Signals that make a worker drain; blocked while it starts.
 DRAIN_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 
+#: Agents wait on calls; math libraries they import would start one thread per core, spinning when
+#: idle, and fight the trainer for the cores. What the environment sets already stays.
+AGENT_THREAD_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_WAIT_POLICY": "PASSIVE",
+}
+
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -78,6 +87,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     )
     code = EXIT_CONFIG
     try:
+        _one_thread_for_agents()
         code = _run(spec, conn)
     except BaseException:
         logger.exception("worker %s crashed", spec.worker_id)
@@ -90,6 +100,16 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         sys.stderr.flush()
         # os._exit: a timed-out agent thread may still run, and interpreter exit would wait for it.
         os._exit(code)
+
+
+def _one_thread_for_agents() -> None:
+    """Before the agent loads: math libraries start one thread, which sleeps when idle."""
+    chosen = "OMP_NUM_THREADS" in os.environ
+    for name, value in AGENT_THREAD_ENV.items():
+        os.environ.setdefault(name, value)
+    torch = sys.modules.get("torch")  # already imported by the parent's main module, which spawn re-imports
+    if torch is not None and not chosen:
+        torch.set_num_threads(1)
 
 
 def _run(spec: WorkerSpec, conn: Connection) -> int:

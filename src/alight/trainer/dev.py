@@ -82,17 +82,23 @@ def run_dev(
     `on_progress` gets the counts of ended rollouts. Every input problem raises ConfigError before
     a worker starts."""
     from alight.agent import load_agent
+    from alight.models.progress import quiet_progress_bars
     from alight.trainer.run_dir import new_run_dir
     from alight.trainer.stack import LocalStack, check_endpoint
+    from alight.trainer.threads import ThreadPolicy
 
     started = time.monotonic()
     cfg = with_endpoint(cfg, endpoint, model)
     run_dir = run_dir or new_run_dir(cfg, "dev")
     count = n or cfg.dev.n
+    threads = ThreadPolicy.from_config(cfg.trainer.torch_threads, cfg.trainer.torch_interop_threads, cfg.engine.device)
     load_agent(cfg.agent.entrypoint)  # an entrypoint that does not import fails here, in one line
     tasks = dev_rows(cfg, count)
     if cfg.engine.kind == "litellm" and cfg.engine.base_url:
         check_endpoint(cfg.engine.base_url)
+    quiet_progress_bars()
+    if cfg.engine.kind == "embedded":  # the engine runs in this process
+        threads.apply()
     with LocalStack(cfg, run_dir, n_runners=min(cfg.runner.n_runners, len(tasks))) as stack:
         assert stack.store_url is not None
         results = asyncio.run(_run(cfg, stack.store_url, tasks, on_progress))

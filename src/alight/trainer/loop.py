@@ -25,6 +25,7 @@ from alight.trainer.events import Watchers
 from alight.trainer.result import FitResult
 from alight.trainer.run_dir import BASE_MODEL_DIR
 from alight.trainer.sampler import demonstration_batches
+from alight.trainer.threads import ThreadPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class RLLoop:
         self.resume = resume
         self.events = Watchers(watchers)
         t = cfg.trainer
+        self.threads = ThreadPolicy.from_config(t.torch_threads, t.torch_interop_threads, t.device)
         self.total_steps = t.steps or max(1, t.epochs * len(train_rows) // t.batch_size)
         self.step = 0  # last completed step
         self.saved_step = -1
@@ -65,15 +67,19 @@ class RLLoop:
         self.metrics_log: Any = None
         self.base_dir: Path | None = None
         self.warm_start_metrics: dict[str, float] = {}  # logged with step 0
+        self.resume_state: tuple[Path, dict[str, Any], Any] | None = None  # checkpoint, its state and RNG
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> FitResult:
+        from alight.models.progress import quiet_progress_bars
         from alight.trainer.metrics import MetricsLog
 
         self.run_dir.mkdir(parents=True, exist_ok=True)
         handler = self._log_to_file()
         stopped = False
         try:
+            self.threads.apply()
+            quiet_progress_bars()
             self._write_config()
             self.metrics_log = MetricsLog(
                 self.run_dir,
@@ -82,6 +88,9 @@ class RLLoop:
                 config=dataclasses.asdict(self.cfg),
                 resume=self.resume,
             )
+            if self.resume:
+                self._resume_point()
+            self._announce()
             served = self._prepare_policy()
             try:
                 self._train(served)
@@ -123,6 +132,25 @@ class RLLoop:
         )
         return result
 
+    def _announce(self) -> None:
+        """The first event of a run, before anything slow: what runs, and a resumed run's history."""
+        cfg = self.cfg
+        self.events.on_start(
+            {
+                "run_name": self.run_dir.name,
+                "run_dir": str(self.run_dir),
+                "total_steps": self.total_steps,
+                "algorithm": cfg.algorithm.name,
+                "model": cfg.engine.model,
+                "n_runners": cfg.runner.n_runners,
+                "batch_size": cfg.trainer.batch_size,
+                "group_size": cfg.trainer.group_size,
+                "warm_start_steps": cfg.warm_start.steps if cfg.warm_start.data and not self.resume else 0,
+                "resumed_from": self.step if self.resume else None,
+                "history": self.metrics_log.rows() if self.resume else [],
+            }
+        )
+
     def _log_to_file(self) -> logging.Handler:
         handler = logging.FileHandler(self.run_dir / LOG_FILE)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -149,12 +177,26 @@ class RLLoop:
         if model == "tiny":
             path = self.run_dir / BASE_MODEL_DIR
             if not is_current_tiny_model(path):
+                self.events.on_stage("building the model", 0, 1)
                 build_tiny_model(path, seed=self.cfg.trainer.seed)
             return path
         path = Path(model).expanduser()
         if not path.is_dir():
             raise ConfigError(f"engine.model {model!r}: the embedded backend trains a local model directory or 'tiny'")
         return path
+
+    def _resume_point(self) -> None:
+        """Step, data position and metrics of the newest checkpoint (its weights load later)."""
+        latest = ckpt.latest_checkpoint(self.run_dir)
+        if latest is None:
+            raise ConfigError(f"--resume: {self.run_dir} holds no checkpoint")
+        step, path = latest
+        state, rng = ckpt.load_state(path)
+        self.resume_state = (path, state, rng)
+        self.step = self.saved_step = step
+        self.position = int(state.get("position", 0))
+        self.metrics_log.truncate_after(step)
+        logger.info("resuming %s from step %d", self.run_dir, step)
 
     def _prepare_policy(self) -> Path:
         """Load the backend (from the newest checkpoint when resuming; else warm-started); returns
@@ -166,23 +208,16 @@ class RLLoop:
         cfg = self.cfg
         seed_everything(cfg.trainer.seed)
         self.base_dir = self._base_model()
+        self.events.on_stage("loading the model", 0, 1)
         self.tokenizer = AutoTokenizer.from_pretrained(self.base_dir)
         temperature = cfg.algorithm.temperature or cfg.engine.sampling.temperature
         self.backend = EmbeddedBackend(
             self.base_dir, cfg.algorithm, device=cfg.trainer.device, temperature=temperature, seed=cfg.trainer.seed
         )
-        if self.resume:
-            latest = ckpt.latest_checkpoint(self.run_dir)
-            if latest is None:
-                raise ConfigError(f"--resume: {self.run_dir} holds no checkpoint")
-            step, path = latest
+        if self.resume_state is not None:
+            path, _, rng = self.resume_state
             self.backend.load(path)
-            state, rng = ckpt.load_state(path)
             self.backend.generator.set_state(ckpt.restore_rng(rng))
-            self.step = self.saved_step = step
-            self.position = int(state.get("position", 0))
-            self.metrics_log.truncate_after(step)
-            logger.info("resuming %s from step %d", self.run_dir, step)
             return path
         if cfg.warm_start.steps > 0 and cfg.warm_start.data:
             self._warm_start()
@@ -195,6 +230,7 @@ class RLLoop:
 
         ws = self.cfg.warm_start
         assert ws.data is not None
+        self.events.on_stage("generating demonstrations", 0, 1)
         rows = load_rows(ws.data, size=ws.size, seed=self.cfg.trainer.seed, generator_kwargs=ws.generator_kwargs)
         max_length = ws.max_length or getattr(self.backend.model.config, "max_position_embeddings", None)
         transitions, dropped = demonstration_transitions(rows, self.tokenizer, max_length=max_length, mode=ws.mode)
@@ -205,11 +241,15 @@ class RLLoop:
         logger.info(
             "warm start: %d steps on %d transitions from %d demonstrations", ws.steps, len(transitions), len(rows)
         )
-        started = time.monotonic()
+        started = last = time.monotonic()
         batches = demonstration_batches(transitions, ws.batch_size, self._pad_id(), self.cfg.trainer.seed)
+        self.events.on_stage("warm start", 0, ws.steps)
 
         def progress(step: int, loss: float) -> None:
-            if step % 10 == 0 or step == ws.steps:
+            nonlocal last
+            # Every 10 steps, and at least every second on a slow machine: the dashboard's loss curve.
+            if step % 10 == 0 or step == ws.steps or time.monotonic() - last >= 1.0:
+                last = time.monotonic()
                 self.events.on_stage("warm start", step, ws.steps, {"loss": round(loss, 4)})
             if step % 100 == 0:
                 logger.info("warm start: step %d/%d, loss %.4f", step, ws.steps, loss)
@@ -226,6 +266,8 @@ class RLLoop:
 
     def _save(self) -> Path:
         assert self.base_dir is not None
+        if self.step == 0:  # later checkpoints save between steps, inside the step's own time
+            self.events.on_stage("saving the checkpoint", 0, 1)
         path = ckpt.save_checkpoint(
             self.run_dir,
             self.step,
@@ -245,20 +287,7 @@ class RLLoop:
 
         cfg = self.cfg
         stack_cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, model=str(served)))
-        self.events.on_start(
-            {
-                "run_name": self.run_dir.name,
-                "run_dir": str(self.run_dir),
-                "total_steps": self.total_steps,
-                "algorithm": cfg.algorithm.name,
-                "model": cfg.engine.model,
-                "n_runners": cfg.runner.n_runners,
-                "batch_size": cfg.trainer.batch_size,
-                "group_size": cfg.trainer.group_size,
-                "resumed_from": self.step if self.resume else None,
-                "history": self.metrics_log.rows() if self.resume else [],
-            }
-        )
+        self.events.on_stage("starting store, engine and runners", 0, 1)
         with LocalStack(stack_cfg, self.run_dir, weights_version=self.step) as stack:
             asyncio.run(self._steps(stack))
 
