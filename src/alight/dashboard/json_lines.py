@@ -12,9 +12,10 @@ from typing import Any, TextIO
 
 class JsonLinesReporter:
     """Writes compact JSON lines to `stream`: `{"event": "start", ...}` first, then the stages of
-    the run (`{"event": "stage", "stage", "done", "total", "elapsed_s", ...}`: when one begins and
-    ends, and at most every `stage_every_s` seconds in between), one line per step (its metrics,
-    with `step`, no `event`), and a final `{"event": "end", ...}`.
+    the run (`{"event": "stage", "stage", "done", "total", "elapsed_s", ...}`: when one begins, when
+    its work is all done, and at most every `stage_every_s` seconds in between; a stage ends when the
+    next one or a step begins), one line per step (its metrics, with `step`, no `event`), and a
+    final `{"event": "end", ...}`.
 
     Nothing else goes to `stream`, so a script can parse it line by line; failed rollouts'
     errors go to `err_stream` as plain lines starting with "alight: ".
