@@ -103,8 +103,7 @@ class Store(abc.ABC):
         unknown rollout; a rollout never claimed has no spans."""
         attempt = ALL_ATTEMPTS if all_attempts else None
         out: dict[str, list[dict[str, Any]]] = {}
-        for rollout_id in dict.fromkeys(rollout_ids):
-            await self.get_rollout(rollout_id)
+        for rollout_id in dict.fromkeys(rollout_ids):  # query_spans raises NotFoundError for an unknown id
             out[rollout_id] = [s.model_dump(mode="json") for s in await self.query_spans(rollout_id, attempt)]
         return out
 
