@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from alight.algorithms.batch import TransitionBatch
-from alight.backends.embedded import EmbeddedBackend, check_algorithm
+from alight.backends.checks import check_algorithm
+from alight.backends.embedded import EmbeddedBackend
 from alight.config.schema import AlgorithmConfig, LoraConfig
 from alight.errors import ConfigError
 from alight.types import Transition

@@ -36,7 +36,7 @@ def test_cfg_prints_the_resolved_config_with_overrides() -> None:
         ("algorithm.name=dpo", "algorithm.name"),
         ("algorithm.clip_ratio_low=1.5", "algorithm.clip_ratio_low"),
         ("trainer.group_size=0", "trainer.group_size"),
-        ("trainer.backend=verl", "trainer.backend"),
+        ("trainer.backend=deepspeed", "trainer.backend"),
         ("trainer.torch_threads=many", "trainer.torch_threads"),
         ("agent.entrypoint=recipes/calc/nope.py:solve", "nope.py"),
         ("data.train=missing.jsonl", "missing.jsonl"),

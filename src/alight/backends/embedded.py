@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from alight.algorithms.batch import TransitionBatch
 from alight.backends import losses
-from alight.config.schema import AlgorithmConfig
+from alight.backends.checks import check_algorithm, warmup_schedule
+from alight.config.schema import AlgorithmConfig, ExperimentConfig
 from alight.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -27,49 +28,26 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ALGORITHMS = ("grpo", "ppo", "sft")
 ADAPTER_DIR = "adapter"
 OPTIMIZER_FILE = "optimizer.pt"
 
 
-def check_algorithm(cfg: AlgorithmConfig) -> None:
-    """ConfigError, in one line, for settings no update can run with."""
-    if cfg.name not in ALGORITHMS:
-        raise ConfigError(f"algorithm.name must be one of {', '.join(ALGORITHMS)}, got {cfg.name!r}")
-    if cfg.loss_agg not in losses.LOSS_AGGREGATIONS:
-        raise ConfigError(
-            f"algorithm.loss_agg must be one of {', '.join(losses.LOSS_AGGREGATIONS)}, got {cfg.loss_agg!r}"
-        )
-    if cfg.kl_estimator not in losses.KL_ESTIMATORS:
-        raise ConfigError(
-            f"algorithm.kl_estimator must be one of {', '.join(losses.KL_ESTIMATORS)}, got {cfg.kl_estimator!r}"
-        )
-    checks = {
-        "lr": cfg.lr > 0,
-        "weight_decay": cfg.weight_decay >= 0,
-        "micro_batch_size": cfg.micro_batch_size >= 1,
-        "mini_batch_size": cfg.mini_batch_size is None or cfg.mini_batch_size >= 1,
-        "epochs": cfg.epochs >= 1,
-        "ppo_epochs": cfg.ppo_epochs >= 1,
-        "clip_ratio_low": 0 <= cfg.clip_ratio_low < 1,
-        "clip_ratio_high": cfg.clip_ratio_high >= 0,
-        "kl_coef": cfg.kl_coef >= 0,
-        "max_grad_norm": cfg.max_grad_norm >= 0,
-        "warmup_steps": cfg.warmup_steps >= 0,
-        "betas": len(cfg.betas) == 2 and all(0 <= b < 1 for b in cfg.betas),
-    }
-    bad = [name for name, ok in checks.items() if not ok]
-    if bad:
-        raise ConfigError(f"algorithm.{bad[0]} is out of range: {getattr(cfg, bad[0])!r}")
-
-
-def warmup_schedule(warmup_steps: int) -> Callable[[int], float]:
-    """Learning-rate factor: linear from 1/(warmup+1) to 1 over `warmup_steps`, then 1."""
-    return lambda step: min(1.0, (step + 1) / (warmup_steps + 1)) if warmup_steps else 1.0
-
-
 class EmbeddedBackend:
-    """The trainable policy, its optimizer and (with `kl_coef`) a frozen reference."""
+    """The trainable policy, its optimizer and (with `kl_coef`) a frozen reference (a `Backend`)."""
+
+    #: The update runs beside the engine: both fit (the embedded engine holds its own copy).
+    colocated = False
+
+    @classmethod
+    def check_config(cls, cfg: ExperimentConfig) -> None:
+        """Settings only this backend refuses (the shared algorithm checks run first)."""
+        if cfg.verl:
+            raise ConfigError("the config has a verl: block but trainer.backend is embedded; set trainer.backend=verl")
+
+    @classmethod
+    def from_config(cls, cfg: ExperimentConfig, model_dir: Path) -> EmbeddedBackend:
+        temperature = cfg.algorithm.temperature or cfg.engine.sampling.temperature
+        return cls(model_dir, cfg.algorithm, device=cfg.trainer.device, temperature=temperature, seed=cfg.trainer.seed)
 
     def __init__(
         self,
@@ -103,6 +81,18 @@ class EmbeddedBackend:
         if algorithm.kl_coef > 0 and not self.lora:  # with LoRA the reference is the model, adapters off
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.optimizer = self._optimizer(algorithm.lr, algorithm.warmup_steps)
+
+    @property
+    def max_length(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    def close(self) -> None:
+        """Drop the model, the reference and the optimizer state (and their accelerator memory)."""
+        self.model = self.reference = self.optimizer = None
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
 
     # -- optimizer --------------------------------------------------------------------------------
     def _optimizer(self, lr: float, warmup_steps: int) -> Any:
@@ -316,13 +306,17 @@ class EmbeddedBackend:
             base.save_pretrained(directory, state_dict=self.engine_weights())
             if self.lora:
                 self.model.save_pretrained(directory / ADAPTER_DIR)
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+        }
         if self.reference is not None:
             state["reference"] = self.reference.state_dict()
         torch.save(state, directory / OPTIMIZER_FILE)
 
     def load(self, directory: Path) -> None:
-        """Restore what `save` wrote (policy, adapters, optimizer, scheduler, reference)."""
+        """Restore what `save` wrote (policy, adapters, optimizer, scheduler, reference, RNG)."""
         import torch
         from safetensors.torch import load_file
 
@@ -345,6 +339,8 @@ class EmbeddedBackend:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.reference is not None and "reference" in state:
             self.reference.load_state_dict(state["reference"])
+        if "generator" in state:
+            self.generator.set_state(state["generator"].cpu())
 
 
 def _with_lora(model: Any, algorithm: AlgorithmConfig) -> Any:

@@ -158,7 +158,9 @@ class TrainerConfig:
     output_dir: str = "runs"  # parent folder of run directories
     seed: int = 0  # fixes data order, model initialisation and sampling
     device: str = "cpu"  # where the embedded backend trains: cpu | cuda | cuda:N
-    backend: str = "embedded"  # embedded (PyTorch in this process) | verl
+    backend: str = "embedded"  # embedded (PyTorch in this process) | verl (verl's FSDP workers on Ray, GPUs)
+    n_gpus_per_node: int = 1  # verl: GPUs per node the workers use
+    nnodes: int = 1  # verl: nodes of the Ray cluster the workers use
     # PyTorch threads of the trainer process (warm start, updates, the embedded engine): auto (half
     # the usable cores on CPU, 1 with a GPU; idle threads sleep) | torch (PyTorch's defaults) | a number
     torch_threads: str = "auto"
@@ -190,6 +192,9 @@ class ExperimentConfig:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    # trainer.backend=verl: keys of verl's own trainer config (ppo_trainer.yaml) set on top of what
+    # alight derives from the sections above, e.g. {actor_rollout_ref: {actor: {fsdp_config: ...}}}
+    verl: dict[str, Any] = field(default_factory=dict)
 
 
 #: Name of the schema node in Hydra's ConfigStore.

@@ -123,6 +123,13 @@ class Engine(abc.ABC):
     async def complete(self, request: CompletionRequest) -> Generation:
         """Answer a legacy completions request (no chat template)."""
 
+    async def sleep(self) -> None:  # noqa: B027 - optional hook
+        """Release accelerator memory while a colocated trainer updates the policy (vLLM's sleep
+        mode); the proxy calls it with no request in flight. Default: keep everything."""
+
+    async def wake_up(self) -> None:  # noqa: B027 - optional hook
+        """Take back what `sleep` released, before the new weights load. Default: nothing to do."""
+
     async def update_weights(self, weights: Mapping[str, Any] | str, version: int) -> None:
         """Serve new weights from now on: a state dict or a checkpoint directory. The proxy
         calls it with no request in flight."""

@@ -55,14 +55,20 @@ class WeightGate:
             self.leave()
 
     @contextlib.asynccontextmanager
-    async def exclusive(self, version: int) -> AsyncIterator[None]:
-        """Hold new calls, wait for the ones inside, run the body; on success the gate serves
-        `version` from then on. The gate reopens whether the body succeeds or not."""
+    async def held(self) -> AsyncIterator[None]:
+        """Hold new calls and wait for the ones inside, then run the body; the gate reopens
+        whether the body succeeds or not."""
         async with self._updating:
             self._open.clear()
             try:
                 await self._idle.wait()
                 yield
-                self.version = version
             finally:
                 self._open.set()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, version: int) -> AsyncIterator[None]:
+        """`held`, and on success the gate serves `version` from then on."""
+        async with self.held():
+            yield
+            self.version = version

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from alight.engines.base import Engine
@@ -109,6 +109,20 @@ class Proxy:
             logger.info("proxy: calls drained; loading weights version %d", version)
             await self.engine.update_weights(weights, version)
         logger.info("proxy: serving weights version %d", version)
+
+    async def offloaded(self, work: Callable[[], T]) -> T:
+        """Run `work` (blocking: in a worker thread) with new calls held, the calls in flight
+        finished and the engine asleep (its accelerator memory released for a colocated update);
+        the engine wakes afterwards whether `work` succeeds or not. Callable from any event loop."""
+        return await self._on_loop(self._offloaded(work))
+
+    async def _offloaded(self, work: Callable[[], T]) -> T:
+        async with self.gate.held():
+            await self.engine.sleep()
+            try:
+                return await asyncio.to_thread(work)
+            finally:
+                await self.engine.wake_up()
 
     def set_rollout_sampling(self, rollout_ids: Sequence[str], sampling: Mapping[str, Any] | None) -> None:
         """Defaults for the calls of these rollouts that override `default_sampling` (validation

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from alight.backends.base import Backend
 from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError, TrainingError
 from alight.trainer import checkpoint as ckpt
@@ -62,7 +63,7 @@ class RLLoop:
         self.position = 0
         self.reusable: dict[tuple[str, int], list[str]] = {}
         self.started = time.monotonic()
-        self.backend: Any = None
+        self.backend: Backend | None = None
         self.tokenizer: Any = None
         self.metrics_log: Any = None
         self.base_dir: Path | None = None
@@ -101,6 +102,8 @@ class RLLoop:
                     self._save()
             return self._finish(stopped)
         finally:
+            if self.backend is not None:
+                self.backend.close()
             logging.getLogger("alight").removeHandler(handler)
             handler.close()
 
@@ -203,21 +206,18 @@ class RLLoop:
         the model directory the engine serves first."""
         from transformers import AutoTokenizer
 
-        from alight.backends.embedded import EmbeddedBackend
+        from alight.backends.factory import make_backend
 
         cfg = self.cfg
         seed_everything(cfg.trainer.seed)
         self.base_dir = self._base_model()
         self.events.on_stage("loading the model", 0, 1)
         self.tokenizer = AutoTokenizer.from_pretrained(self.base_dir)
-        temperature = cfg.algorithm.temperature or cfg.engine.sampling.temperature
-        self.backend = EmbeddedBackend(
-            self.base_dir, cfg.algorithm, device=cfg.trainer.device, temperature=temperature, seed=cfg.trainer.seed
-        )
+        self.backend = make_backend(cfg, self.base_dir)
         if self.resume_state is not None:
             path, _, rng = self.resume_state
             self.backend.load(path)
-            self.backend.generator.set_state(ckpt.restore_rng(rng))
+            ckpt.restore_rng(rng)
             return path
         if cfg.warm_start.steps > 0 and cfg.warm_start.data:
             self._warm_start()
@@ -232,7 +232,8 @@ class RLLoop:
         assert ws.data is not None
         self.events.on_stage("generating demonstrations", 0, 1)
         rows = load_rows(ws.data, size=ws.size, seed=self.cfg.trainer.seed, generator_kwargs=ws.generator_kwargs)
-        max_length = ws.max_length or getattr(self.backend.model.config, "max_position_embeddings", None)
+        assert self.backend is not None
+        max_length = ws.max_length or self.backend.max_length
         transitions, dropped = demonstration_transitions(rows, self.tokenizer, max_length=max_length, mode=ws.mode)
         if not transitions:
             raise ConfigError(f"warm_start.data {ws.data!r} yields no assistant message to learn")
@@ -265,7 +266,7 @@ class RLLoop:
         return int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
 
     def _save(self) -> Path:
-        assert self.base_dir is not None
+        assert self.base_dir is not None and self.backend is not None
         if self.step == 0:  # later checkpoints save between steps, inside the step's own time
             self.events.on_stage("saving the checkpoint", 0, 1)
         path = ckpt.save_checkpoint(
@@ -274,7 +275,7 @@ class RLLoop:
             self.backend,
             {"position": self.position, "weights_version": self.step, "total_steps": self.total_steps},
             tokenizer_dir=self.base_dir,
-            rng=ckpt.rng_state(self.backend.generator.get_state()),
+            rng=ckpt.rng_state(),
             keep=self.cfg.trainer.keep_checkpoints,
         )
         self.saved_step = self.step
@@ -352,8 +353,13 @@ class RLLoop:
         if batch is None:
             self.events.on_error(f"step {step}: no transitions to train on (no succeeded rollout with an LLM call)")
         else:
-            update = await asyncio.to_thread(self.backend.update, batch)
-            await rollouts.serve(self.backend.engine_weights(), step)
+            backend = self.backend
+            assert backend is not None
+            if backend.colocated:  # the engine sleeps: the update takes its accelerator memory
+                update = await rollouts.offloaded(lambda: backend.update(batch))
+            else:
+                update = await asyncio.to_thread(backend.update, batch)
+            await rollouts.serve(backend.engine_weights(), step)
         update_s = time.monotonic() - clock
 
         summary = await rollouts.summarise(ended, "train")

@@ -7,8 +7,8 @@ import logging
 import statistics
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from alight.config.schema import ExperimentConfig
 from alight.errors import TrainingError
@@ -16,6 +16,8 @@ from alight.trainer.events import Watchers
 from alight.types import Rollout, RolloutMode, RolloutStatus, Task
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MODES = {"train": RolloutMode.TRAIN, "val": RolloutMode.VAL}
 
@@ -115,6 +117,11 @@ class StepRollouts:
     async def flush(self) -> None:
         """Every answered LLM call's span is in the store on return."""
         await self.stack.proxy_server.proxy.flush()
+
+    async def offloaded(self, work: Callable[[], T]) -> T:
+        """`work()` with the engine asleep and calls held (a colocated backend's update)."""
+        result: T = await self.stack.proxy_server.proxy.offloaded(work)
+        return result
 
     async def serve(self, weights: Mapping[str, Any], version: int) -> None:
         """The engine serves `weights` as `version`; a new resource version tells runners so."""

@@ -80,12 +80,12 @@ class Trainer:
         default: `agent.entrypoint`. `train_data` / `val_data`: lists of rows, or data specs; default:
         `data.train` / `data.val`. Input problems raise ConfigError before anything starts."""
         from alight.agent import load_agent
-        from alight.backends.embedded import check_algorithm
+        from alight.backends.factory import check_backend
         from alight.trainer.loop import RLLoop
 
         cfg = self._config_for(agent)
-        check_algorithm(cfg.algorithm)
         _check_trainer(cfg)
+        check_backend(cfg)
         load_agent(cfg.agent.entrypoint)  # an entrypoint that does not import fails here, in one line
         train_rows = self._rows(train_data, cfg.data.train, cfg.data.train_size, "train")
         if train_rows is None:
@@ -156,7 +156,8 @@ def _check_trainer(cfg: ExperimentConfig) -> None:
     bad = [name for name, ok in checks.items() if not ok]
     if bad:
         raise ConfigError(f"trainer.{bad[0]} is out of range: {getattr(t, bad[0])!r}")
-    if t.backend != "embedded":
-        raise ConfigError(f"trainer.backend {t.backend!r} is not available here (only 'embedded')")
+    for name in ("n_gpus_per_node", "nnodes"):
+        if getattr(t, name) < 1:
+            raise ConfigError(f"trainer.{name} is out of range: {getattr(t, name)!r}")
     if cfg.algorithm.name != "sft" and t.group_size < 2 and cfg.algorithm.advantage in ("grpo", "rloo"):
         raise ConfigError(f"trainer.group_size must be at least 2 for {cfg.algorithm.advantage} advantages")

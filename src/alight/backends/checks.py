@@ -1,0 +1,47 @@
+"""Algorithm settings every backend checks before it loads anything, and the warm-up schedule."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from alight.backends import losses
+from alight.config.schema import AlgorithmConfig
+from alight.errors import ConfigError
+
+ALGORITHMS = ("grpo", "ppo", "sft")
+
+
+def check_algorithm(cfg: AlgorithmConfig) -> None:
+    """ConfigError, in one line, for settings no update can run with."""
+    if cfg.name not in ALGORITHMS:
+        raise ConfigError(f"algorithm.name must be one of {', '.join(ALGORITHMS)}, got {cfg.name!r}")
+    if cfg.loss_agg not in losses.LOSS_AGGREGATIONS:
+        raise ConfigError(
+            f"algorithm.loss_agg must be one of {', '.join(losses.LOSS_AGGREGATIONS)}, got {cfg.loss_agg!r}"
+        )
+    if cfg.kl_estimator not in losses.KL_ESTIMATORS:
+        raise ConfigError(
+            f"algorithm.kl_estimator must be one of {', '.join(losses.KL_ESTIMATORS)}, got {cfg.kl_estimator!r}"
+        )
+    checks = {
+        "lr": cfg.lr > 0,
+        "weight_decay": cfg.weight_decay >= 0,
+        "micro_batch_size": cfg.micro_batch_size >= 1,
+        "mini_batch_size": cfg.mini_batch_size is None or cfg.mini_batch_size >= 1,
+        "epochs": cfg.epochs >= 1,
+        "ppo_epochs": cfg.ppo_epochs >= 1,
+        "clip_ratio_low": 0 <= cfg.clip_ratio_low < 1,
+        "clip_ratio_high": cfg.clip_ratio_high >= 0,
+        "kl_coef": cfg.kl_coef >= 0,
+        "max_grad_norm": cfg.max_grad_norm >= 0,
+        "warmup_steps": cfg.warmup_steps >= 0,
+        "betas": len(cfg.betas) == 2 and all(0 <= b < 1 for b in cfg.betas),
+    }
+    bad = [name for name, ok in checks.items() if not ok]
+    if bad:
+        raise ConfigError(f"algorithm.{bad[0]} is out of range: {getattr(cfg, bad[0])!r}")
+
+
+def warmup_schedule(warmup_steps: int) -> Callable[[int], float]:
+    """Learning-rate factor: linear from 1/(warmup+1) to 1 over `warmup_steps`, then 1."""
+    return lambda step: min(1.0, (step + 1) / (warmup_steps + 1)) if warmup_steps else 1.0

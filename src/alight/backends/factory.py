@@ -1,0 +1,43 @@
+"""`make_backend`: the policy-update backend chosen by `trainer.backend` (heavy imports stay lazy).
+
+Each backend class offers `check_config(cfg)` (settings it cannot run with, a missing extra: one
+`ConfigError` line, before anything starts) and `from_config(cfg, model_dir)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alight.backends.base import Backend
+from alight.backends.checks import check_algorithm
+from alight.config.schema import ExperimentConfig
+from alight.errors import ConfigError
+
+BACKENDS = ("embedded", "verl")
+
+
+def backend_class(name: str) -> Any:
+    """The class of backend `name`; importing it imports no heavy dependency."""
+    if name == "embedded":
+        from alight.backends.embedded import EmbeddedBackend
+
+        return EmbeddedBackend
+    if name == "verl":
+        from alight.backends.verl.backend import VerlBackend
+
+        return VerlBackend
+    raise ConfigError(f"trainer.backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+
+
+def check_backend(cfg: ExperimentConfig) -> None:
+    """ConfigError, in one line, for an algorithm or backend setting no update can run with."""
+    check_algorithm(cfg.algorithm)
+    backend_class(cfg.trainer.backend).check_config(cfg)
+
+
+def make_backend(cfg: ExperimentConfig, model_dir: Path) -> Backend:
+    """The configured backend, holding the policy loaded from `model_dir`."""
+    check_backend(cfg)
+    backend: Backend = backend_class(cfg.trainer.backend).from_config(cfg, model_dir)
+    return backend
