@@ -185,7 +185,7 @@ class RLLoop:
             return path
         path = Path(model).expanduser()
         if not path.is_dir():
-            raise ConfigError(f"engine.model {model!r}: the embedded backend trains a local model directory or 'tiny'")
+            raise ConfigError(f"engine.model {model!r}: training needs a local model directory (or 'tiny')")
         return path
 
     def _resume_point(self) -> None:
