@@ -504,3 +504,24 @@ def test_choosing_verl_without_it_installed_is_one_line_naming_the_extra() -> No
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == 'trainer.backend verl needs verl: pip install "alight[verl]"'
+
+
+def test_the_gpu_calc_config_loads_and_passes_the_checks_up_to_the_gpu(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from alight.backends.factory import check_backend
+    from alight.backends.verl.config import build_verl_config
+    from alight.config import load_config, to_object
+
+    repo = Path(__file__).resolve().parents[3]
+    cfg = to_object(load_config(repo / "configs" / "calc_gpu.yaml", ["engine.model=/models/Qwen2.5-1.5B-Instruct"]))
+    assert (cfg.trainer.backend, cfg.engine.kind, cfg.warm_start.steps) == ("verl", "vllm", 0)
+    assert cfg.engine.model == "/models/Qwen2.5-1.5B-Instruct"
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="needs CUDA GPUs"):  # every check before it passed
+        check_backend(cfg)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_backend(cfg)
+    verl = build_verl_config(cfg, tiny_dir, work_dir=tmp_path)  # its verl: block names verl's keys
+    assert verl.actor_rollout_ref.actor.fsdp_config.param_offload is True
