@@ -1,28 +1,425 @@
-"""`VerlBackend` (`trainer.backend: verl`): verl's workers on Ray update the policy (work in progress)."""
+"""`VerlBackend` (`trainer.backend: verl`): verl's FSDP workers on Ray update the policy.
+
+alight's engine (vLLM behind alight's proxy) does the rollouts, so verl runs no rollout worker: the
+backend drives verl 0.9.1's model-engine workers (`workers.py`) the way verl's own PPO trainer
+does, step by step, on alight's `TransitionBatch` converted to verl's `DataProto`:
+
+1. rows recorded without the engine's log-probs get the actor's (`compute_log_prob`);
+2. with a KL penalty, the reference's log-probs (`compute_ref_log_prob`; with LoRA, the actor
+   with its adapters off, as verl does);
+3. PPO: the critic's values (`infer_batch`), advantages and returns by verl's
+   `core_algos.compute_gae_advantage_return` on token-level rewards (the transition's reward on
+   its last token), then the critic's update (`train_mini_batch`). GRPO: LightningRL's advantages
+   as given, or verl's estimator when the user's `verl.algorithm.adv_estimator` names one;
+4. the actor's update (`update_actor`), its metrics renamed into alight's.
+
+Each worker call gets verl's no-padding TensorDict (`left_right_2_no_padding`), its rows padded to a
+multiple of the data-parallel world (and of the mini-batch) with rows that carry no loss.
+`engine_weights()` is a servable Hugging Face directory the actor writes (full weights gathered
+from the FSDP shards, LoRA merged), which alight's vLLM engine reloads. verl's checkpoints (FSDP
+shards, optimizer, scheduler, RNG of every rank) go under `<checkpoint>/verl/`.
+
+No warm start: GPU models are pretrained (the warm start belongs to the embedded tiny-model demo),
+so `warm_start.steps > 0` is refused at `check_config`, as are `algorithm.name: sft` and a machine
+without CUDA (unless `RAY_ADDRESS` names a cluster whose nodes have the GPUs).
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from verl import DataProto
+
+    from alight.algorithms.batch import TransitionBatch
+    from alight.backends.verl.workers import WorkerGroups
+
+logger = logging.getLogger(__name__)
 
 #: Top-level modules the backend imports; without any of them, choosing it is a one-line error.
 NEEDS = ("verl", "ray", "tensordict")
 INSTALL = 'pip install "alight[verl]"'
 
+NO_WARM_START = "trainer.backend verl has no warm start (it trains pretrained models): set warm_start.steps=0"
+
+#: Where a checkpoint keeps verl's own state (beside the servable model at its top level).
+VERL_DIR = "verl"
+STATE_FILE = "state.json"
+#: The servable model directory the actor rewrites after each update (under the work dir).
+POLICY_DIR = "policy"
+
+#: Tensors every worker call sends (what verl's unpadding and output slicing read).
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask")
+
+#: alight's metric names -> the names verl's actor and critic report (after verl's own `actor/`
+#: and `critic/` prefixes); verl's other metrics pass through under their own names.
+METRIC_NAMES = {
+    "actor/loss": "actor/loss",
+    "actor/pg_loss": "actor/pg_loss",
+    "actor/pg_clipfrac": "actor/pg_clipfrac",
+    "actor/ppo_kl": "actor/ppo_kl",
+    "actor/kl": "actor/kl_loss",
+    "actor/entropy": "actor/entropy_loss",
+    "actor/grad_norm": "actor/grad_norm",
+    "actor/lr": "actor/lr",
+    "critic/loss": "critic/loss",
+    "critic/vf_loss": "critic/vf_loss",
+    "critic/vf_clipfrac": "critic/vf_clipfrac",
+    "critic/vpred_mean": "critic/vpred_mean",
+    "critic/grad_norm": "critic/grad_norm",
+    "critic/lr": "critic/lr",
+}
+#: verl metrics dropped (constants, or renamed above).
+DROPPED_METRICS = ("actor/kl_coef",)
+
+MakeWorkers = Callable[..., "WorkerGroups"]
+
 
 class VerlBackend:
+    """verl's actor (+ reference, + critic for PPO) on Ray GPUs, fed `TransitionBatch`es (a `Backend`)."""
+
+    #: The workers share the engine's GPUs (single node): the loop has vLLM sleep during `update`.
     colocated = True
 
     @classmethod
     def check_config(cls, cfg: ExperimentConfig) -> None:
+        """A missing extra, `algorithm.name: sft`, a warm start, or no CUDA: one `ConfigError` line."""
         missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
         if missing:
             raise ConfigError(f"trainer.backend verl needs {', '.join(missing)}: {INSTALL}")
+        if cfg.algorithm.name not in ("grpo", "ppo"):
+            raise ConfigError(
+                f"trainer.backend verl trains algorithm.name grpo or ppo, not {cfg.algorithm.name!r} "
+                "(sft runs on trainer.backend=embedded)"
+            )
+        if cfg.warm_start.steps > 0:
+            raise ConfigError(NO_WARM_START)
+        import torch
+
+        if not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):
+            raise ConfigError(
+                "trainer.backend verl needs CUDA GPUs (verl's FSDP workers run on CUDA) and this machine has "
+                "none; set RAY_ADDRESS to a GPU Ray cluster, or use trainer.backend=embedded"
+            )
 
     @classmethod
-    def from_config(cls, cfg: ExperimentConfig, model_dir: Path) -> Any:
-        raise ConfigError("trainer.backend verl: not implemented yet")
+    def from_config(
+        cls,
+        cfg: ExperimentConfig,
+        model_dir: Path,
+        *,
+        work_dir: Path | None = None,
+        make_workers: MakeWorkers | None = None,
+    ) -> VerlBackend:
+        """Build verl's config, start the worker groups (`make_workers`, default: verl's on Ray) and
+        load the model from `model_dir` into them. `work_dir` holds the exported policy (default: a
+        temporary directory removed on close)."""
+        from alight.backends.verl.config import build_verl_config
+
+        owned_dir = work_dir is None
+        work_dir = Path(tempfile.mkdtemp(prefix="alight-verl-")) if work_dir is None else work_dir
+        work_dir.mkdir(parents=True, exist_ok=True)
+        verl_config = build_verl_config(cfg, model_dir, work_dir=work_dir)
+        if make_workers is None:
+            from alight.backends.verl.workers import ray_worker_groups
+
+            make_workers = ray_worker_groups
+        return cls(cfg, model_dir, verl_config, make_workers, work_dir=work_dir, owned_dir=owned_dir)
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        model_dir: Path,
+        verl_config: Any,
+        make_workers: MakeWorkers,
+        *,
+        work_dir: Path,
+        owned_dir: bool = False,
+    ) -> None:
+        from omegaconf import OmegaConf
+        from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+        from alight.backends.verl.config import logprob_temperature
+
+        self.cfg = cfg
+        self.model_dir = Path(model_dir)
+        self.verl_config = verl_config
+        self.work_dir = work_dir
+        self._owned_dir = owned_dir
+        actor = verl_config.actor_rollout_ref
+        if verl_config.algorithm.get("use_kl_in_reward", False):
+            raise ConfigError(
+                "verl.algorithm.use_kl_in_reward is not supported: alight's KL is the loss term algorithm.kl_coef"
+            )
+        self.use_ref = bool(need_reference_policy(verl_config))
+        lora = actor.model.get("lora", {}) or {}
+        self.ref_in_actor = int(lora.get("rank", 0) or actor.model.get("lora_rank", 0) or 0) > 0
+        self.use_critic = bool(need_critic(verl_config))
+        user_estimator = OmegaConf.select(OmegaConf.create(cfg.verl or {}), "algorithm.adv_estimator")
+        # verl's estimator only when the user names one (or PPO's critic needs GAE): LightningRL's otherwise.
+        self.estimator: str | None = str(user_estimator) if user_estimator else ("gae" if self.use_critic else None)
+        if self.estimator == "gae" and not self.use_critic:
+            raise ConfigError("verl.algorithm.adv_estimator gae needs a critic: algorithm.name=ppo")
+        self.temperature = logprob_temperature(cfg)
+        self.steps = 0
+        self._exported = False  # the policy directory holds the current weights
+        self._max_length = _max_length(self.model_dir)
+        self.workers: WorkerGroups = make_workers(
+            verl_config, use_ref=self.use_ref and not self.ref_in_actor, use_critic=self.use_critic
+        )
+        try:
+            self._init_models()
+        except BaseException:
+            self.workers.kill()
+            raise
+
+    def _init_models(self) -> None:
+        """Load the models into the workers in verl's order: critic, reference, actor."""
+        workers = self.workers
+        if workers.critic is not None:
+            from functools import partial
+
+            from verl.workers.utils.losses import value_loss
+
+            from alight.backends.verl.workers import critic_config
+
+            workers.critic.reset()
+            workers.critic.set_loss_fn(partial(value_loss, config=critic_config(self.verl_config)))
+        if workers.ref is not None:
+            workers.ref.init_model()
+        workers.actor.init_model()
+
+    # -- the Backend protocol ---------------------------------------------------------------------
+    @property
+    def max_length(self) -> int | None:
+        return self._max_length
+
+    def warm_start(
+        self,
+        batches: Iterator[TransitionBatch],
+        *,
+        steps: int,
+        lr: float,
+        warmup_steps: int,
+        on_progress: Callable[[int, float], None] | None = None,
+    ) -> float:
+        raise ConfigError(NO_WARM_START)
+
+    def update(self, batch: TransitionBatch) -> dict[str, float]:
+        """One update on `batch` (see the module docstring for the steps); metrics in alight's names."""
+        from alight.backends.verl.batch import to_data_proto, update_layout
+
+        self._fill_old_log_probs(batch)
+        data = to_data_proto(batch, temperature=self.temperature)
+        if self.use_ref:
+            data.batch["ref_log_prob"] = self._log_probs(data, reference=True)
+        if self.use_critic:
+            data.batch["values"] = self._values(data)
+        if self.estimator is not None:
+            data.batch["advantages"], data.batch["returns"] = self._verl_advantages(data)
+        mini, rows = update_layout(len(batch), self.cfg.algorithm.mini_batch_size, self._world_size())
+        metrics: dict[str, float] = {}
+        if self.use_critic:
+            metrics.update(self._update_critic(data, mini, rows))
+        metrics.update(self._update_actor(data, mini, rows))
+        epochs = int(self.verl_config.actor_rollout_ref.actor.ppo_epochs)
+        metrics["actor/update_tokens"] = float(epochs * int((batch.prompt_lengths + batch.response_lengths).sum()))
+        self.steps += 1
+        self._exported = False
+        return metrics
+
+    def engine_weights(self) -> str:
+        """The servable model directory the actor writes with the current weights."""
+        path = self.work_dir / POLICY_DIR
+        if not self._exported:
+            self.workers.actor.save_hf_model(str(path), str(self.model_dir))
+            self._exported = True
+        return str(path)
+
+    def save(self, directory: Path) -> None:
+        """verl's actor (and critic) checkpoint under `directory/verl/`, the servable model at `directory`."""
+        verl_dir = directory / VERL_DIR
+        verl_dir.mkdir(parents=True, exist_ok=True)
+        self.workers.actor.save_checkpoint(str(verl_dir / "actor"), None, self.steps, None)
+        if self.workers.critic is not None:
+            self.workers.critic.save_checkpoint(str(verl_dir / "critic"), None, self.steps, None)
+        self.workers.actor.save_hf_model(str(directory), str(self.model_dir))
+        (verl_dir / STATE_FILE).write_text(json.dumps({"steps": self.steps}) + "\n")
+
+    def load(self, directory: Path) -> None:
+        """Restore what `save` wrote (weights, optimizer, scheduler and RNG of every worker)."""
+        verl_dir = directory / VERL_DIR
+        if not (verl_dir / STATE_FILE).is_file():
+            raise ConfigError(f"checkpoint {directory} holds no verl state (was it written by trainer.backend verl?)")
+        self.workers.actor.load_checkpoint(str(verl_dir / "actor"), None, False)
+        if self.workers.critic is not None:
+            self.workers.critic.load_checkpoint(str(verl_dir / "critic"), None, False)
+        self.steps = int(json.loads((verl_dir / STATE_FILE).read_text())["steps"])
+        self._exported = False
+
+    def close(self) -> None:
+        """Kill the worker processes (and a Ray this backend started); remove its temporary directory."""
+        self.workers.kill()
+        if self._owned_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    # -- the steps --------------------------------------------------------------------------------
+    def _fill_old_log_probs(self, batch: TransitionBatch) -> None:
+        """Rows recorded without the engine's log-probs get the actor's (before any update)."""
+        from alight.backends.verl.batch import to_data_proto
+
+        missing = (~batch.has_old_log_probs).nonzero().flatten().tolist()
+        if not missing:
+            return
+        part = batch.select(missing)
+        log_probs = self._log_probs(to_data_proto(part, temperature=self.temperature), reference=False)
+        batch.old_log_probs[missing, : part.response_length] = log_probs * part.response_mask
+        batch.has_old_log_probs[:] = True
+
+    def _log_probs(self, data: DataProto, *, reference: bool) -> torch.Tensor:
+        """[B, R] log-probs of the response tokens under the actor (or the reference)."""
+        meta: dict[str, Any] = {"calculate_entropy": False, "compute_loss": False}
+        if reference and self.ref_in_actor:
+            meta["no_lora_adapter"] = True
+        if reference and not self.ref_in_actor:
+            assert self.workers.ref is not None
+            call = self.workers.ref.compute_ref_log_prob
+        else:
+            call = self.workers.actor.compute_log_prob
+        return self._infer(call, data, "log_probs", meta)
+
+    def _values(self, data: DataProto) -> torch.Tensor:
+        """[B, R] the critic's values of the response tokens."""
+        assert self.workers.critic is not None
+        return self._infer(self.workers.critic.infer_batch, data, "values", {"compute_loss": False})
+
+    def _infer(self, call: Callable[[Any], Any], data: DataProto, key: str, meta: dict[str, Any]) -> torch.Tensor:
+        """A forward-only worker call on `data` (rows padded to the world, outputs of padding dropped)."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        rows = len(data)
+        inputs = self._worker_input(data, SEQUENCE_KEYS, self._world_size(), meta, masked=False)
+        output = _wait(call(inputs))
+        return no_padding_2_padding(tu.get(output, key), inputs)[:rows].float()
+
+    def _verl_advantages(self, data: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, returns) [B, R] by verl's `core_algos` estimator `self.estimator`."""
+        from verl.trainer.ppo import core_algos
+
+        algorithm = self.verl_config.algorithm
+        rewards, mask = data.batch["token_level_rewards"], data.batch["response_mask"]
+        if self.estimator == "gae":
+            result: tuple[torch.Tensor, torch.Tensor] = core_algos.compute_gae_advantage_return(
+                token_level_rewards=rewards,
+                values=data.batch["values"],
+                response_mask=mask,
+                gamma=algorithm.gamma,
+                lam=algorithm.lam,
+            )
+            return result
+        kwargs: dict[str, Any] = {
+            "token_level_rewards": rewards,
+            "response_mask": mask,
+            "index": data.non_tensor_batch["uid"],
+            "config": algorithm,
+        }
+        if self.estimator == "grpo":
+            kwargs["norm_adv_by_std_in_grpo"] = algorithm.get("norm_adv_by_std_in_grpo", True)
+        estimator = core_algos.get_adv_estimator_fn(self.estimator)  # type: ignore[no-untyped-call]
+        result = estimator(**kwargs)
+        return result
+
+    def _update_critic(self, data: DataProto, mini: int, rows: int) -> dict[str, float]:
+        assert self.workers.critic is not None
+        critic = self.verl_config.critic
+        meta = _update_meta(mini, int(critic.ppo_epochs), int(critic.data_loader_seed), bool(critic.shuffle))
+        inputs = self._worker_input(data, (*SEQUENCE_KEYS, "values", "returns"), rows, meta, masked=True)
+        return _metrics(_wait(self.workers.critic.train_mini_batch(inputs)), "critic/")
+
+    def _update_actor(self, data: DataProto, mini: int, rows: int) -> dict[str, float]:
+        actor = self.verl_config.actor_rollout_ref.actor
+        meta = _update_meta(mini, int(actor.ppo_epochs), int(actor.data_loader_seed), bool(actor.shuffle))
+        # entropy is always reported (as the embedded backend does); it joins the loss only with entropy_coeff
+        meta.update(calculate_entropy=True, distillation_use_topk=False, distillation_only=False, compute_loss=True)
+        keys = (*SEQUENCE_KEYS, "old_log_probs", "advantages", *(("ref_log_prob",) if self.use_ref else ()))
+        inputs = self._worker_input(data, keys, rows, meta, masked=True)
+        metrics = _metrics(_wait(self.workers.actor.update_actor(inputs)), "actor/")
+        metrics.setdefault("actor/kl", 0.0)
+        return metrics
+
+    # -- worker input -----------------------------------------------------------------------------
+    def _world_size(self) -> int:
+        return int(self.workers.actor.world_size)
+
+    def _worker_input(
+        self, data: DataProto, keys: tuple[str, ...], multiple: int, meta: dict[str, Any], *, masked: bool
+    ) -> Any:
+        """What verl's workers take: the tensors `keys` of `data` padded to a multiple of `multiple`
+        rows (`masked`: rows with no loss), in verl's no-padding TensorDict layout, with `meta` and
+        the log-prob temperature as non-tensor data. (Built from the tensors alone: workers need no
+        per-row metadata, and verl's `DataProto.to_tensordict` wants tensordict >= 0.10.)"""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import left_right_2_no_padding
+
+        from alight.backends.verl.batch import pad_to_multiple
+
+        padded, _ = pad_to_multiple(
+            data.select(batch_keys=list(keys), non_tensor_batch_keys=[]), multiple, masked=masked
+        )
+        tensors: dict[str, Any] = {key: padded.batch[key] for key in keys}
+        inputs = tu.get_tensordict(tensor_dict=tensors, non_tensor_dict={"temperature": self.temperature, **meta})
+        return left_right_2_no_padding(inputs)
+
+
+def _update_meta(mini: int, epochs: int, seed: int, shuffle: bool) -> dict[str, Any]:
+    """The non-tensor data verl's `train_mini_batch` reads (as verl's trainer sets it)."""
+    return {
+        "global_batch_size": mini,
+        "mini_batch_size": mini,
+        "epochs": epochs,
+        "seed": seed,
+        "dataloader_kwargs": {"shuffle": shuffle},
+    }
+
+
+def _wait(output: Any) -> Any:
+    """A worker group's result: non-blocking calls (the critic's) return a future to `get`."""
+    from tensordict import TensorDictBase  # type: ignore[import-untyped]
+
+    return output if isinstance(output, TensorDictBase) else output.get()
+
+
+def _metrics(output: Any, prefix: str) -> dict[str, float]:
+    """verl's reduced metrics of an update, renamed into alight's (`METRIC_NAMES`)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.metric import reduce_metrics
+    from verl.utils.py_functional import rename_dict
+
+    reduced = reduce_metrics(rename_dict(dict(tu.get(output, "metrics")), prefix))
+    renamed = {ours: theirs for ours, theirs in METRIC_NAMES.items() if ours.startswith(prefix)}
+    metrics = {ours: float(reduced.pop(theirs)) for ours, theirs in renamed.items() if theirs in reduced}
+    for key, value in reduced.items():
+        if key not in DROPPED_METRICS and hasattr(value, "__float__"):  # numbers and numpy scalars
+            metrics.setdefault(key, float(value))
+    return metrics
+
+
+def _max_length(model_dir: Path) -> int | None:
+    config = model_dir / "config.json"
+    if not config.is_file():
+        return None
+    value = json.loads(config.read_text()).get("max_position_embeddings")
+    return int(value) if value is not None else None
