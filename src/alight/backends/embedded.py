@@ -45,7 +45,8 @@ class EmbeddedBackend:
             raise ConfigError("the config has a verl: block but trainer.backend is embedded; set trainer.backend=verl")
 
     @classmethod
-    def from_config(cls, cfg: ExperimentConfig, model_dir: Path) -> EmbeddedBackend:
+    def from_config(cls, cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path | None = None) -> EmbeddedBackend:
+        """`work_dir` is unused: this backend keeps everything in memory between checkpoints."""
         temperature = cfg.algorithm.temperature or cfg.engine.sampling.temperature
         return cls(model_dir, cfg.algorithm, device=cfg.trainer.device, temperature=temperature, seed=cfg.trainer.seed)
 

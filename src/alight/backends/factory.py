@@ -36,8 +36,9 @@ def check_backend(cfg: ExperimentConfig) -> None:
     backend_class(cfg.trainer.backend).check_config(cfg)
 
 
-def make_backend(cfg: ExperimentConfig, model_dir: Path) -> Backend:
-    """The configured backend, holding the policy loaded from `model_dir`."""
+def make_backend(cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path | None = None) -> Backend:
+    """The configured backend, holding the policy loaded from `model_dir`; `work_dir` (the run
+    directory's `backend/`) holds what it writes between checkpoints (default: a temporary one)."""
     check_backend(cfg)
-    backend: Backend = backend_class(cfg.trainer.backend).from_config(cfg, model_dir)
+    backend: Backend = backend_class(cfg.trainer.backend).from_config(cfg, model_dir, work_dir=work_dir)
     return backend

@@ -24,7 +24,7 @@ from alight.trainer import checkpoint as ckpt
 from alight.trainer.checkpoint import seed_everything
 from alight.trainer.events import Watchers
 from alight.trainer.result import FitResult
-from alight.trainer.run_dir import BASE_MODEL_DIR
+from alight.trainer.run_dir import BACKEND_DIR, BASE_MODEL_DIR
 from alight.trainer.sampler import demonstration_batches
 from alight.trainer.threads import ThreadPolicy
 
@@ -213,7 +213,7 @@ class RLLoop:
         self.base_dir = self._base_model()
         self.events.on_stage("loading the model", 0, 1)
         self.tokenizer = AutoTokenizer.from_pretrained(self.base_dir)
-        self.backend = make_backend(cfg, self.base_dir)
+        self.backend = make_backend(cfg, self.base_dir, work_dir=self.run_dir / BACKEND_DIR)
         if self.resume_state is not None:
             path, _, rng = self.resume_state
             self.backend.load(path)

@@ -1,8 +1,8 @@
 """A run directory: the names of what a run keeps there, and which directory a run uses.
 
 `{output_dir}/{name}[-kind]-{timestamp}/` holds the run's SQLite store (`store.db`), the starting
-weights (`base_model/`), its checkpoints (`checkpoints/`, see `checkpoint`), the resolved config
-and the log.
+weights (`base_model/`), its checkpoints (`checkpoints/`, see `checkpoint`), the backend's working
+files (`backend/`), the resolved config and the log.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from alight.errors import ConfigError
 
 STORE_FILE = "store.db"  # the run's SQLite store
 BASE_MODEL_DIR = "base_model"  # the starting weights (the tiny model built with the run's seed, or a copy)
+BACKEND_DIR = "backend"  # what the policy backend writes between checkpoints (verl: the policy the engine reloads)
 
 
 def new_run_dir(cfg: ExperimentConfig, kind: str = "") -> Path:

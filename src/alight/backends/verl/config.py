@@ -32,8 +32,8 @@ Mapping (`actor.` is `actor_rollout_ref.actor.`, `model.` is `actor_rollout_ref.
 | `algorithm.norm_std` | `algorithm.norm_adv_by_std_in_grpo` (4) |
 | `algorithm.temperature` or | `actor_rollout_ref.rollout.temperature`: the log-prob temperature, 0 (greedy) |
 | `engine.sampling.temperature` | becomes 1 as in the embedded backend (`logprob_temperature`) |
-| `algorithm.lora` | `model.lora_rank` (0 when off), `model.lora_alpha`, `model.target_modules`; |
-| | `lora.dropout` has no FSDP counterpart in verl |
+| `algorithm.lora` | `model.lora_rank` (0 when off), `model.lora_alpha`, `model.target_modules`, |
+| | `model.lora.merge: true` (the engine gets merged weights); `lora.dropout` has no FSDP counterpart |
 | `trainer.seed` | `data_loader_seed` of actor and critic, the FSDP `seed`s, `rollout.seed`, `data.seed` |
 | `trainer.n_gpus_per_node`, `nnodes` | `trainer.n_gpus_per_node`, `trainer.nnodes` |
 | `trainer.device` | `trainer.device`: `npu[:N]` -> npu, else cuda (verl's workers need an accelerator; |
@@ -146,8 +146,8 @@ def alight_settings(cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path) -
         "override_config": override,
         "lora_rank": int(lora.r) if lora.enabled else 0,
     }
-    if lora.enabled:
-        model.update(lora_alpha=int(lora.alpha), target_modules=list(lora.target_modules))
+    if lora.enabled:  # merged: the engine serves full weights (verl would otherwise hand out adapters only)
+        model.update(lora_alpha=int(lora.alpha), target_modules=list(lora.target_modules), lora={"merge": True})
     device = "npu" if trainer.device.startswith("npu") else "cuda"
     return {
         "data": {"train_batch_size": trainer.batch_size, "seed": seed},
