@@ -4,10 +4,12 @@ Run it from anywhere with Python 3.11 (it needs PyPI and takes a few minutes):
 
     python3.11 constraints/refresh.py
 
-It builds a throwaway virtual environment, installs torch (the one pin it starts from), then alight
-with the extras below at the newest versions pyproject.toml's ranges allow, checks the result with
-`pip check`, and writes what got installed (alight and pip excepted) with a header saying how and
-when. Run the tests on the new pins (README's test command) before committing them.
+It builds a throwaway virtual environment with README's pip, installs torch (the one pin it starts
+from), then alight with the extras below at the newest versions pyproject.toml's ranges allow, checks
+the result with `pip check`, adds verl with --no-deps (the version of pyproject's `verl` extra: its
+own requirements want transformers<5.11, the `dev` extra holds the rest of what it imports) and
+checks that it imports, and writes what got installed (alight and pip excepted) with a header saying
+how and when. Run the tests on the new pins (README's test command) before committing them.
 """
 
 from __future__ import annotations
@@ -18,14 +20,21 @@ import re
 import subprocess
 import sys
 import tempfile
+import tomllib
 import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCH = "torch==2.13.0"  # the CPU wheel; any other torch pulls GBs of CUDA (see README)
+PIP = "pip==26.3"  # README's test command installs this pip first (its resolver is ~2x faster than 23.2)
 EXTRAS = "dev,agents,tracking"
 # pip comes with the venv and nothing requires it; alight is the project itself.
 NOT_PINNED = {"pip", "alight"}
+# What the verl backend's CPU tests import (tests/test_gpu_extras.py runs the same check).
+VERL_IMPORTS = (
+    "from verl import DataProto; import verl.trainer.ppo.core_algos, verl.trainer.ppo.ray_trainer,"
+    " verl.single_controller.ray, verl.workers.config"
+)
 LIST_INSTALLED = (
     "import importlib.metadata as m\nfor d in m.distributions():\n    print(d.metadata['Name'], d.version)\n"
 )
@@ -52,9 +61,12 @@ def resolve(tmp: Path) -> list[tuple[str, str]]:
     seed = tmp / "torch.txt"
     seed.write_text(TORCH + "\n")
     pip = [python, "-m", "pip", "install", "--no-input", "-c", str(seed)]
+    run([python, "-m", "pip", "install", "--no-input", PIP])
     run([*pip, TORCH])
     run([*pip, f"{ROOT}[{EXTRAS}]"])
     run([python, "-m", "pip", "check"])
+    run([*pip, "--no-deps", verl_pin()])  # after `pip check`: verl's own transformers bound fails it
+    run([python, "-W", "ignore", "-c", VERL_IMPORTS])
     listed = subprocess.run([python, "-c", LIST_INSTALLED], capture_output=True, text=True, check=True).stdout
     pins = {}
     for line in listed.splitlines():
@@ -62,6 +74,13 @@ def resolve(tmp: Path) -> list[tuple[str, str]]:
         # A local label (+cpu) names the build, not the release: `==2.13.0` matches 2.13.0+cpu.
         pins[normalize(name)] = (name, version.split("+")[0])
     return [pins[key] for key in sorted(pins)]
+
+
+def verl_pin() -> str:
+    """`verl==X` as the `verl` extra of pyproject.toml pins it."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    [pin] = [req for req in extras["verl"] if re.match(r"verl\s*==", req)]
+    return pin.replace(" ", "")
 
 
 def header(count: int, pip_version: str) -> str:
@@ -72,7 +91,9 @@ def header(count: int, pip_version: str) -> str:
         "# upstream release cannot change what gets installed. pyproject.toml keeps the open ranges.\n"
         f"# Written by `python3.11 constraints/refresh.py` on {datetime.date.today().isoformat()}"
         f" (Python {python}, pip {pip_version}):\n"
-        f"# a throwaway venv, `pip install {TORCH}`, then `pip install -c <{TORCH}> .[{EXTRAS}]`,\n"
+        f"# a throwaway venv, `pip install {PIP}`, `pip install {TORCH}`,\n"
+        f"# then `pip install -c <{TORCH}> .[{EXTRAS}]`, `pip check`,\n"
+        f"# then `pip install --no-deps {verl_pin()}` (README's test command installs it so),\n"
         "# everything installed except alight and pip. Refresh it with that command; do not edit by hand.\n"
         "# tests/test_install.py fails when the test environment holds a package not pinned here.\n"
     )

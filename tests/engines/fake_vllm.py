@@ -1,22 +1,47 @@
-"""Stands in for the `vllm` command where no GPU is (a mock, used by the vLLM engine's process tests).
+"""A fake `vllm` command for tests where no GPU is (a stand-in, not vLLM: no model runs here).
 
 `python fake_vllm.py serve MODEL_DIR --host H --port P ...` serves the scripted OpenAI server on that
 port; its answer names a digest of MODEL_DIR/model.safetensors, re-read on start and on
 `reload_weights`, so a test can tell which weights are served. Exits with code 3 when
 MODEL_DIR/crash exists; answers reload_weights with 404 while MODEL_DIR/no_reload exists.
+
+Sleep mode as vLLM 0.31 serves it: `POST /sleep?level=N`, `POST /wake_up[?tags=...]` and
+`GET /is_sleeping` exist only with VLLM_SERVER_DEV_MODE=1 (else 404), and /sleep answers 500 unless
+the command carried `--enable-sleep-mode`. Each sleep-mode call is printed as `fake vllm: POST /sleep?...`
+(the engine writes this output to its vllm.log), so a test reads the calls in order there.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
 from tests.fixtures.openai_server import Reply, ScriptedOpenAIServer
+
+
+class FakeVLLMServer(ScriptedOpenAIServer):
+    """The scripted server with vLLM's sleep-mode rules, printing each sleep-mode call."""
+
+    sleep_enabled: bool = False  # the command carried --enable-sleep-mode
+
+    def record_sleep_call(self, call: str) -> None:
+        super().record_sleep_call(call)
+        print(f"fake vllm: {call}", flush=True)
+
+    async def _sleep_mode(self, request: Request) -> Response:
+        if request.url.path == "/sleep" and self.sleep_endpoints and not self.sleep_enabled:
+            self.record_sleep_call(f"{request.method} {request.url.path}?{request.url.query}")
+            return JSONResponse({"error": {"message": "sleep mode is not enabled"}}, status_code=500)
+        return await super()._sleep_mode(request)
 
 
 def main() -> None:
@@ -25,11 +50,14 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--enable-sleep-mode", action="store_true")
     args, _ = parser.parse_known_args()
     model = Path(args.model)
     if (model / "crash").exists():
         sys.exit(3)
-    server = ScriptedOpenAIServer(Reply(), model=None, port=args.port)
+    server = FakeVLLMServer(Reply(), model=None, port=args.port)
+    server.sleep_endpoints = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
+    server.sleep_enabled = args.enable_sleep_mode
 
     def read_weights() -> bool:
         if (model / "no_reload").exists():  # act as a vLLM that cannot reload in place

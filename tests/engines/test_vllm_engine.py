@@ -14,7 +14,8 @@ from alight.engines import vllm_engine
 from alight.engines.base import ChatRequest, CompletionRequest, SamplingParams
 from alight.engines.vllm_engine import VLLMEngine, chat_body, completion_body, generation_from_vllm
 from alight.engines.vllm_server import serve_command, vllm_executable
-from alight.errors import ConfigError, InvalidRequestError
+from alight.errors import ConfigError, EngineUnavailableError, InvalidRequestError
+from tests.engines.fake_vllm import FakeVLLMServer
 from tests.fixtures.openai_server import Reply, ScriptedOpenAIServer
 
 pytestmark = pytest.mark.anyio
@@ -100,6 +101,10 @@ def test_serve_command() -> None:
         "--gpu-memory-utilization", "0.3", "--dtype", "auto", "--max-model-len", "512", "--seed", "0",
         "--logprobs-mode", "processed_logprobs", "--enforce-eager",
     ]  # fmt: skip
+    asleep = serve_command(
+        ["vllm"], "/m", host="h", port=1, served_name="m", gpu_memory_utilization=0.5, sleep_mode=True
+    )
+    assert asleep[-1] == "--enable-sleep-mode" and "--enable-sleep-mode" not in cmd
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
@@ -177,3 +182,80 @@ async def test_a_process_that_dies_at_start_is_a_config_error(fake_vllm: None, t
     engine = VLLMEngine(model, work_dir=tmp_path / "work", startup_timeout_s=60)
     with pytest.raises(ConfigError, match="exited with code 3"):
         await engine.start()
+
+
+# -- sleep mode (vLLM 0.31: POST /sleep?level=N, POST /wake_up, dev endpoints) ----------------------
+
+
+def _sleep_lines(log: Path) -> list[str]:
+    return [line.removeprefix("fake vllm: ") for line in log.read_text().splitlines() if line.startswith("fake vllm: ")]
+
+
+async def test_a_started_server_sleeps_then_wakes(fake_vllm: None, tiny_dir: Path, tmp_path: Path) -> None:
+    engine = VLLMEngine("tiny", cache_dir=tiny_dir, work_dir=tmp_path, startup_timeout_s=60)  # sleep_mode: on
+    request = ChatRequest(model="tiny", messages=MESSAGES)
+    await engine.start()
+    try:
+        await engine.sleep()  # the fake answers 500 unless `vllm serve` got --enable-sleep-mode
+        assert engine.asleep
+        with pytest.raises(EngineUnavailableError, match="503"):  # nothing holds calls here: the proxy does
+            await engine.chat(request)
+        await engine.wake_up()
+        assert not engine.asleep and (await engine.chat(request)).text.startswith("weights ")
+        await engine.wake_up()  # awake already: no call
+    finally:
+        await engine.close()
+    assert _sleep_lines(tmp_path / "vllm.log") == ["POST /sleep?level=1&mode=wait", "POST /wake_up"]
+
+
+async def test_sleep_mode_off_starts_without_the_flag_and_never_calls(
+    fake_vllm: None, tiny_dir: Path, tmp_path: Path
+) -> None:
+    engine = VLLMEngine("tiny", cache_dir=tiny_dir, work_dir=tmp_path, startup_timeout_s=60, sleep_mode=False)
+    await engine.start()
+    try:
+        await engine.sleep()
+        await engine.wake_up()
+        assert not engine.asleep
+        await engine.chat(ChatRequest(model="tiny", messages=MESSAGES))
+    finally:
+        await engine.close()
+    assert _sleep_lines(tmp_path / "vllm.log") == []
+
+
+async def test_level_2_wakes_the_weights_reloads_them_then_wakes_the_kv_cache() -> None:
+    with ScriptedOpenAIServer(Reply(), model=None) as server:
+        order: list[str] = []
+        server.on_reload = lambda: order.extend(server.sleep_calls) or True
+        engine = VLLMEngine(base_url=server.url, served_name="policy", sleep_level=2)
+        await engine.sleep()
+        assert server.sleeping
+        await engine.wake_up()
+        assert not server.sleeping
+        woken = ["POST /wake_up?tags=weights", "POST /wake_up?tags=kv_cache"]
+        assert server.sleep_calls == ["POST /sleep?level=2&mode=wait", *woken]
+        assert server.rpc_calls == [{"method": "reload_weights"}]
+        assert order == server.sleep_calls[:2]  # the reload came between the two wake-ups
+
+
+@pytest.mark.parametrize("dev_mode", [False, True])
+async def test_a_running_server_that_cannot_sleep_is_one_warning(
+    dev_mode: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    with FakeVLLMServer(Reply(), model=None) as server:
+        server.sleep_endpoints = dev_mode  # without dev mode: 404; with it but no --enable-sleep-mode: 500
+        engine = VLLMEngine(base_url=server.url, served_name="policy")
+        with caplog.at_level("WARNING", logger="alight.engines.vllm_engine"):
+            await engine.sleep()
+            await engine.wake_up()
+            await engine.sleep()  # asked once only
+        assert not engine.asleep and len(server.sleep_calls) == 1
+        [warning] = caplog.records
+        assert f"answered HTTP {500 if dev_mode else 404}" in warning.getMessage()
+        assert "--enable-sleep-mode" in warning.getMessage()
+        assert (await engine.chat(ChatRequest(model="policy", messages=MESSAGES))).text  # still serving
+
+
+def test_sleep_level_is_1_or_2() -> None:
+    with pytest.raises(ConfigError, match="sleep_level is 1 or 2, not 3"):
+        VLLMEngine(sleep_level=3)

@@ -8,6 +8,13 @@ engine does), so no vLLM tool parser flags are needed. Weight updates write the 
 the directory vLLM serves and ask it to reload them from disk (`/collective_rpc` with
 `reload_weights`, available with VLLM_SERVER_DEV_MODE=1, which the engine sets); if that fails,
 the process is restarted on the new weights.
+
+Sleep mode (on by default) lets vLLM and a colocated trainer share one GPU by turns: the server
+starts with `--enable-sleep-mode`, and while the trainer updates the policy the proxy calls
+`sleep()` (`POST /sleep?level=N`, a dev endpoint like /collective_rpc) and then `wake_up()`
+(`POST /wake_up`). Level 1 moves the weights to CPU RAM and frees the KV cache; level 2 frees
+both (no CPU copy, for hosts short of RAM) and wake-up reloads the weights from the served
+directory, the order vLLM's sleep-mode guide gives (wake the weights, reload, wake the KV cache).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from alight.errors import AlightError, ConfigError, EngineUnavailableError, Inva
 logger = logging.getLogger(__name__)
 
 END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>")
+SLEEP_LEVELS = (1, 2)
 
 
 def _body(sampling: SamplingParams, served_name: str, extra: dict[str, Any], **fields: Any) -> dict[str, Any]:
@@ -105,7 +113,9 @@ class VLLMEngine(Engine):
     """Serves `model` ("tiny" or a model directory) with a `vllm serve` child process on a GPU.
 
     With `base_url` it talks to a vLLM server that is already running instead (weight updates
-    then need that server to run with VLLM_SERVER_DEV_MODE=1 and serve a directory it can reload)."""
+    then need that server to run with VLLM_SERVER_DEV_MODE=1 and serve a directory it can reload;
+    sleeping needs it to run with --enable-sleep-mode as well, else the engine warns once and
+    the server keeps its GPU memory)."""
 
     name = "vllm"
 
@@ -122,12 +132,16 @@ class VLLMEngine(Engine):
         max_model_len: int | None = None,
         seed: int | None = 0,
         logprobs_mode: str | None = "processed_logprobs",  # log-probs after temperature, like the embedded engine
+        sleep_mode: bool = True,  # --enable-sleep-mode: free the GPU while a colocated trainer updates the policy
+        sleep_level: int = 1,  # 1: weights to CPU RAM, KV cache freed; 2: both freed, weights re-read on wake-up
         extra_args: Sequence[str] = (),  # more `vllm serve` arguments, verbatim
         startup_timeout_s: float = 900.0,
         request_timeout_s: float = 600.0,
         work_dir: str | os.PathLike[str] | None = None,  # served model links, new weights, vllm.log
         cache_dir: str | os.PathLike[str] | None = None,  # where "tiny" is built
     ) -> None:
+        if sleep_level not in SLEEP_LEVELS:
+            raise ConfigError(f"vllm engine: sleep_level is 1 or 2, not {sleep_level!r}")
         self._source = str(model)
         self._served_name = served_name or ("tiny" if self._source == "tiny" else Path(self._source).name)
         self._base_url = base_url.rstrip("/") if base_url else None
@@ -147,6 +161,9 @@ class VLLMEngine(Engine):
         self._process: VLLMProcess | None = None
         self._serving_dir: Path | None = None
         self._version = 0
+        self._sleep_mode, self._sleep_level = sleep_mode, sleep_level
+        self._asleep = False
+        self._cannot_sleep = False  # a base_url server without sleep mode: warned once, never asked again
 
     @property
     def model_names(self) -> list[str]:
@@ -188,6 +205,7 @@ class VLLMEngine(Engine):
             host=self._host,
             port=self._port,
             served_name=self._served_name,
+            sleep_mode=self._sleep_mode,
             extra_args=self._extra_args,
             **self._options,  # type: ignore[arg-type]
         )
@@ -210,6 +228,7 @@ class VLLMEngine(Engine):
     async def _launch(self) -> None:
         assert self._process is not None
         self._process.start()
+        self._asleep = False  # a new process starts awake
         try:
             await asyncio.to_thread(self._process.wait_healthy, f"{self.server_root}/health", self._startup_timeout_s)
         except BaseException:
@@ -290,3 +309,58 @@ class VLLMEngine(Engine):
             raise EngineUnavailableError("vllm engine: no vLLM process to restart")
         await asyncio.to_thread(self._process.stop)
         await self._launch()
+
+    # -- sleep mode ------------------------------------------------------------------------------
+
+    @property
+    def asleep(self) -> bool:
+        """Whether the server is asleep now (between `sleep` and `wake_up`)."""
+        return self._asleep
+
+    async def sleep(self) -> None:
+        """Have vLLM free its GPU memory (`POST /sleep?level=N`). The proxy calls it with no request
+        in flight. Nothing happens with sleep_mode off, or (after one warning) with a base_url
+        server that cannot sleep."""
+        if not self._sleep_mode or self._cannot_sleep or self._asleep:
+            return
+        # mode=wait: vLLM lets a request still running finish (a shared base_url server may have some)
+        if await self._dev_post(f"/sleep?level={self._sleep_level}&mode=wait", may_lack=self._process is None):
+            self._asleep = True
+            logger.info("vllm engine: asleep (level %d)", self._sleep_level)
+
+    async def wake_up(self) -> None:
+        """Take the GPU memory back (`POST /wake_up`); at level 2, reload the served weights first."""
+        if not self._asleep:
+            return
+        if self._sleep_level == 1:
+            await self._dev_post("/wake_up")
+        else:  # level 2 kept no copy of the weights: allocate them, read them from disk, then the KV cache
+            await self._dev_post("/wake_up?tags=weights")
+            await self._request("POST", "/collective_rpc", {"method": "reload_weights"})
+            await self._dev_post("/wake_up?tags=kv_cache")
+        self._asleep = False
+        logger.info("vllm engine: awake")
+
+    async def _dev_post(self, path: str, *, may_lack: bool = False) -> bool:
+        """POST to one of vLLM's dev endpoints. With `may_lack`, a refusal (no such endpoint: the
+        server runs without VLLM_SERVER_DEV_MODE=1; or no --enable-sleep-mode) is a warning and False."""
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=self._request_timeout_s) as client:
+                response = await client.post(f"{self.server_root}{path}")
+        except httpx.HTTPError as err:
+            raise EngineUnavailableError(f"vllm engine: {self.server_root} did not answer: {err!r}") from err
+        if response.status_code < 300:
+            return True
+        message = f"vllm engine: POST {path} answered HTTP {response.status_code}: {_error_message(response)}"
+        if not may_lack:
+            raise EngineUnavailableError(message)
+        self._cannot_sleep = True
+        logger.warning(
+            "%s; the server at %s keeps its GPU memory during updates (start it with VLLM_SERVER_DEV_MODE=1 "
+            "and --enable-sleep-mode to let it sleep, or set sleep_mode: false to skip this)",
+            message,
+            self.server_root,
+        )
+        return False

@@ -57,9 +57,11 @@ def serve_command(
     max_model_len: int | None = None,
     seed: int | None = 0,
     logprobs_mode: str | None = "processed_logprobs",
+    sleep_mode: bool = False,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """The `vllm serve` command line (extra_args last, so they can override anything)."""
+    """The `vllm serve` command line (extra_args last, so they can override anything). `sleep_mode`
+    adds `--enable-sleep-mode`, so the server can free its GPU memory on `POST /sleep`."""
     cmd = [*executable, "serve", str(model_dir), "--host", host, "--port", str(port)]
     cmd += ["--served-model-name", served_name, "--gpu-memory-utilization", str(gpu_memory_utilization)]
     cmd += ["--dtype", dtype]
@@ -69,6 +71,8 @@ def serve_command(
         cmd += ["--seed", str(seed)]
     if logprobs_mode:
         cmd += ["--logprobs-mode", logprobs_mode]
+    if sleep_mode:
+        cmd += ["--enable-sleep-mode"]
     return cmd + list(extra_args)
 
 

@@ -1,0 +1,146 @@
+"""The GPU extras install: pip's own resolver, in a dry run, on alight[verl] as a GPU machine gets it.
+
+`pip install --dry-run --report` resolves for a Linux x86-64 machine with the Python named,
+whatever this machine is, reading each wheel's metadata with HTTP range requests (pip's fast-deps:
+the index here serves no separate metadata files, and pip without it downloads every wheel, 4 GB
+of CUDA libraries), and the test checks what it chose: the versions the extra pins (verl, vLLM,
+torch) and a transformers inside verl's, vLLM's and alight's ranges. An unresolvable pin
+(vllm==0.32.0 beside verl==0.9.1) fails it, naming the conflict. The slow tests need PyPI; the
+fast ones check the CPU path's verl (installed with --no-deps by README's test command).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from tests.test_install import CONSTRAINTS, read_pins
+
+ROOT = Path(__file__).resolve().parents[1]
+# Every glibc a manylinux wheel of the set may name (llguidance needs 2.31; most say 2.17 or 2.28).
+PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(5, 36)] + [
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+]
+# hydra-core's parser runtime comes as an sdist only, which --only-binary refuses: build its wheel.
+SDIST_ONLY = ("antlr4-python3-runtime",)
+# README's test command installs this pip; pip 23.2's dry run downloads whole wheels even with fast-deps.
+PIP = "26.3"
+VERL_IMPORTS = (
+    "from verl import DataProto; import verl.trainer.ppo.core_algos, verl.trainer.ppo.ray_trainer,"
+    " verl.single_controller.ray, verl.workers.config"
+)
+
+
+def extra(name: str) -> list[Requirement]:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return [Requirement(line) for line in extras[name]]
+
+
+def pinned(requirements: list[Requirement]) -> dict[str, str]:
+    """Name -> version of each `name==version` requirement."""
+    pins = {}
+    for req in requirements:
+        specs = list(req.specifier)
+        if len(specs) == 1 and specs[0].operator == "==":
+            pins[canonicalize_name(req.name)] = specs[0].version
+    return pins
+
+
+def pip_env() -> dict[str, str]:
+    """This machine's pip settings left out (local wheel folders, a torch cap): PyPI only, as a GPU host sees it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_INDEX_URL")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+def pip(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, env=pip_env(), timeout=timeout_s
+    )
+
+
+def dry_run(tmp: Path, python: str, *requirements: str) -> dict[str, dict[str, Any]]:
+    """What pip would install for `requirements` on Linux x86-64 with that Python: name -> metadata."""
+    if Version(importlib.metadata.version("pip")) < Version(PIP):
+        pytest.skip(f"needs pip>={PIP} (README's test command installs it): older ones download every wheel")
+    wheels = tmp / "wheels"
+    pins = read_pins(CONSTRAINTS.read_text())
+    for name in SDIST_ONLY:
+        built = pip("wheel", "--no-deps", "--quiet", "-w", str(wheels), f"{name}=={pins[name]}")
+        assert built.returncode == 0, built.stderr[-3000:]
+    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+    report = tmp / "report.json"
+    # --target: pip before 24 takes --platform only with it; nothing is written in a dry run
+    resolved = pip(
+        "install", "--dry-run", "--use-feature=fast-deps", "--ignore-installed", "--report", str(report),
+        "--target", str(tmp / "target"), "--python-version", python, *platforms,
+        "--only-binary=:all:", "--find-links", str(wheels), *requirements,
+    )  # fmt: skip
+    why = resolved.stdout[-2500:] + resolved.stderr[-1500:]  # pip says which requirements conflict
+    assert resolved.returncode == 0, f"{' '.join(requirements)} does not resolve:\n{why}"
+    installs = json.loads(report.read_text())["install"]
+    return {canonicalize_name(item["metadata"]["name"]): item["metadata"] for item in installs}
+
+
+def requirement_of(metadata: dict[str, Any], name: str) -> Requirement:
+    """`metadata`'s unconditional requirement on `name`."""
+    for line in metadata.get("requires_dist", []):
+        req = Requirement(line)
+        if canonicalize_name(req.name) == name and req.marker is None:
+            return req
+    raise AssertionError(f"{metadata['name']} does not require {name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("extra_name", "python"),
+    [
+        ("verl", "3.11"),  # the default GPU set: torch 2.13.0 (CUDA 13 wheels), vLLM 0.31.0
+        ("verl-torch211", "3.12"),  # a CUDA 13 machine that keeps torch 2.11.0: verl's own tested set
+    ],
+)
+def test_the_gpu_extra_resolves_for_linux_x86_64(extra_name: str, python: str, tmp_path: Path) -> None:
+    got = dry_run(tmp_path, python, f"{ROOT}[{extra_name}]")
+    promised = pinned(extra(extra_name))
+    assert {"verl", "vllm"} <= promised.keys()
+    versions = {name: metadata["version"] for name, metadata in got.items()}
+    assert {name: versions.get(name) for name in promised} == promised
+    torch = requirement_of(got["vllm"], "torch")  # vLLM pins the torch its kernels are built for
+    assert versions["torch"].split("+")[0] in torch.specifier
+    transformers = versions["transformers"]
+    for owner in ("verl", "vllm", "alight"):
+        assert transformers in requirement_of(got[owner], "transformers").specifier, owner
+
+
+def test_the_cpu_path_pins_the_verl_of_the_gpu_extra() -> None:
+    pins = read_pins(CONSTRAINTS.read_text())
+    gpu = pinned(extra("verl"))
+    assert pins["verl"] == gpu["verl"]
+    # the dev extra's ranges for verl's needs hold the GPU set's versions too
+    dev = {canonicalize_name(req.name): req for req in extra("dev")}
+    for name in ("tensordict", "ray"):
+        assert gpu[name] in dev[name].specifier, name
+
+
+def test_verl_imports_on_cpu() -> None:
+    try:
+        version = importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.fail("verl is not installed: README's test command installs it with --no-deps after the dev extra")
+    assert version == read_pins(CONSTRAINTS.read_text())["verl"]
+    imported = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", VERL_IMPORTS], capture_output=True, text=True, timeout=120
+    )
+    assert imported.returncode == 0, imported.stderr[-3000:]
