@@ -10,7 +10,6 @@ import itertools
 
 import numpy as np
 import torch
-from packaging.version import Version
 
 from alight.algorithms.batch import META_KEYS, TransitionBatch
 from alight.backends.verl import batch as vb
@@ -21,13 +20,6 @@ from .conftest import PAD, mixed_transitions
 # 1100110 ends on index 5; rewards 0.5 i - 1; groups g0 g0 g1 g1 - g0.
 LAST_TOKEN = [4, 1, 5, 0, 3, 5]
 REWARDS = [-1.0, -0.5, 0.0, 0.5, 1.0, 1.5]
-
-
-def needs_tensordict_010() -> pytest.MarkDecorator:
-    import tensordict
-
-    old = Version(tensordict.__version__) < Version("0.10")
-    return pytest.mark.skipif(old, reason="verl's DataProto.to_tensordict needs tensordict >= 0.10")
 
 
 def test_tensors_carry_verls_names_shapes_and_dtypes(batch: TransitionBatch) -> None:
@@ -133,7 +125,6 @@ def test_verls_unpadding_gives_back_exactly_the_real_tokens(batch: TransitionBat
     ]
 
 
-@needs_tensordict_010()
 def test_the_worker_format_round_trips_through_verls_padding(batch: TransitionBatch) -> None:
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import no_padding_2_padding

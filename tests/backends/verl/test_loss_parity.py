@@ -210,11 +210,6 @@ def test_the_whole_actor_loss_matches_verls_ppo_loss(mode: str) -> None:
     """verl's worker loss (`verl.workers.utils.losses.ppo_loss`, fed the no-padding batch its
     trainer builds from `to_data_proto`) equals the embedded backend's assembly: policy loss minus
     entropy_coef times entropy plus kl_coef times KL, each aggregated with the step's normaliser."""
-    import tensordict
-    from packaging.version import Version
-
-    if Version(tensordict.__version__) < Version("0.10"):
-        pytest.skip("verl's DataProto.to_tensordict needs tensordict >= 0.10")
     from verl.utils import tensordict_utils as tu
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.utils.losses import ppo_loss
