@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import site
 from pathlib import Path
 
 import pytest
@@ -62,8 +63,22 @@ def unpinned(installed: dict[str, str], pins: dict[str, str]) -> list[str]:
     return wrong
 
 
+def pip_installed() -> dict[str, str]:
+    """name -> version of the distributions pip installed into this environment's site-packages.
+
+    Not every distribution on `sys.path`: `import ray` puts Ray's vendored copies (colorama,
+    psutil in `ray/thirdparty_files`) on it, which pip neither installed nor pins."""
+    roots = {Path(p).resolve() for p in site.getsitepackages()}
+    return {
+        normalize(d.metadata["Name"]): d.version
+        for d in importlib.metadata.distributions()
+        if Path(str(d.locate_file(""))).resolve() in roots
+    }
+
+
 def test_every_installed_package_is_pinned_at_its_installed_version() -> None:
-    installed = {normalize(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    installed = pip_installed()
+    assert "torch" in installed
     wrong = unpinned(installed, read_pins(CONSTRAINTS.read_text()))
     assert not wrong, f"{CONSTRAINTS.name} does not match this environment ({REFRESH} rewrites it): " + "; ".join(wrong)
 
