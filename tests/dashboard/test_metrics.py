@@ -128,12 +128,12 @@ def test_plot_to_another_path(tmp_path: Path) -> None:
 # dev extra installs both, and the real TensorBoard and W&B runs are in tests/trainer/test_tracking.py.
 def test_tensorboard_without_tensorboard_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tensorboard", None)
-    with pytest.raises(ConfigError, match=r"^logging.tensorboard needs TensorBoard: pip install tensorboard$"):
+    with pytest.raises(ConfigError, match=r'^logging.tensorboard needs TensorBoard: pip install "alight\[tracking\]"$'):
         MetricsLog(tmp_path, LoggingConfig(tensorboard=True), run_name="r")
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
 def test_wandb_without_wandb_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)
-    with pytest.raises(ConfigError, match=r"^logging.wandb needs Weights & Biases: pip install wandb$"):
+    with pytest.raises(ConfigError, match=r'^logging.wandb needs Weights & Biases: pip install "alight\[tracking\]"$'):
         MetricsLog(tmp_path, LoggingConfig(wandb=True), run_name="r")

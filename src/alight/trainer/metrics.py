@@ -210,9 +210,9 @@ class MetricsLog:
 
 def _check_extras(cfg: LoggingConfig) -> None:
     if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError("logging.tensorboard needs TensorBoard: pip install tensorboard")
+        raise ConfigError('logging.tensorboard needs TensorBoard: pip install "alight[tracking]"')
     if cfg.wandb and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("logging.wandb needs Weights & Biases: pip install wandb")
+        raise ConfigError('logging.wandb needs Weights & Biases: pip install "alight[tracking]"')
 
 
 def _start_wandb(run_dir: Path, project: str, name: str, config: dict[str, Any] | None, resume: bool) -> Any:
