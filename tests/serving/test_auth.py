@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import openai
@@ -319,3 +321,38 @@ def test_commands_with_alight_token_answer_401_and_never_print_it(command: list[
         assert httpx.get(f"{url}{route}", headers={"Authorization": "Bearer nope"}).status_code == 401
         assert httpx.get(f"{url}{route}", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
     assert stderr[0] and TOKEN not in stderr[0]
+
+
+# -- a whole run with the token on --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_alight_dev_with_a_token_beyond_loopback_then_trace_the_store_by_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local stack with ALIGHT_TOKEN: store and proxy on 0.0.0.0 with the token, runners send
+    it to the store, agents send it to the proxy as their api_key; the token is in no output."""
+    from tests.cli.test_dev_and_trace import alight, write_config
+    from tests.fixtures.openai_server import ScriptedOpenAIServer
+    from tests.fixtures.sample_agents import calculator_script
+
+    monkeypatch.setenv("ALIGHT_TOKEN", TOKEN)
+    run_dir = tmp_path / "run"
+    with ScriptedOpenAIServer(calculator_script) as upstream:
+        done = alight(
+            "dev", str(write_config(tmp_path)), "store.host=0.0.0.0", "proxy.host=0.0.0.0", "--n", "2",
+            "--endpoint", upstream.url, "--model", "scripted", "--run-dir", str(run_dir), "--json",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["rollouts"]
+    assert [(row["status"], row["reward"], row["llm_calls"]) for row in rows] == [("succeeded", 1.0, 2)] * 2
+    assert TOKEN not in done.stdout + done.stderr
+    assert TOKEN not in "".join(path.read_text(errors="replace") for path in run_dir.rglob("*") if path.is_file())
+
+    with StoreServer(MemoryStore(), host=ANY, token=TOKEN, watchdog_interval_s=None) as server:
+        url = local(server.url)
+        listed = alight("trace", url, "--json")
+        assert listed.returncode == 0 and json.loads(listed.stdout)["rollouts"] == [], listed.stderr
+        monkeypatch.setenv("ALIGHT_TOKEN", "wrong")
+        refused = alight("trace", url)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "token" in refused.stderr
