@@ -114,8 +114,8 @@ async def test_store_client_with_the_token_runs_a_whole_attempt(store_server: St
 
 @pytest.mark.anyio
 async def test_store_client_with_a_wrong_token_fails_at_once(store_server: StoreServer) -> None:
-    for token in ("wrong", None):
-        async with StoreClient(local(store_server.url), token=token or "", max_retries=3) as client:
+    for token in ("wrong", ""):  # "": no token at all (not even ALIGHT_TOKEN's)
+        async with StoreClient(local(store_server.url), token=token, max_retries=3) as client:
             started = time.monotonic()
             with pytest.raises(UnauthorizedError, match="token"):
                 await client.enqueue([Rollout(task=Task(input=1))])
