@@ -42,8 +42,11 @@ def attempt_base_url(endpoint: str, rollout_id: str, attempt_id: str) -> str:
     return f"{endpoint.rstrip('/')}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
 
 
-def bind_resources(resource_set: ResourceSet | None, rollout_id: str, attempt_id: str) -> dict[str, Any]:
-    """Resources as the agent gets them: each `LLMResource` becomes an `LLM` bound to the attempt."""
+def bind_resources(
+    resource_set: ResourceSet | None, rollout_id: str, attempt_id: str, *, api_key: str | None = None
+) -> dict[str, Any]:
+    """Resources as the agent gets them: each `LLMResource` becomes an `LLM` bound to the attempt,
+    its `api_key` the resource's, else `api_key` (the run's token, which the proxy checks)."""
     if resource_set is None:
         return {}
     bound: dict[str, Any] = {}
@@ -52,7 +55,7 @@ def bind_resources(resource_set: ResourceSet | None, rollout_id: str, attempt_id
             bound[name] = LLM(
                 model=resource.model,
                 base_url=attempt_base_url(resource.endpoint, rollout_id, attempt_id),
-                api_key=resource.api_key or "alight",
+                api_key=resource.api_key or api_key or "alight",
                 sampling_parameters=dict(resource.sampling_parameters),
             )
         else:

@@ -61,6 +61,14 @@ class EngineUnavailableError(AlightError, code="engine_unavailable", http_status
     """The inference backend could not answer: a remote endpoint is down, timed out or failed."""
 
 
+class UnauthorizedError(AlightError, code="unauthorized", http_status=401):
+    """A server that requires a token got none or a wrong one (`--token` / `ALIGHT_TOKEN`)."""
+
+
+class ForbiddenError(AlightError, code="forbidden", http_status=403):
+    """A runner wrote into an attempt another runner claimed."""
+
+
 class TrainingError(AlightError, code="training_failed", http_status=500):
     """A training run cannot go on (too few rollouts ended in time, every rollout failed); the CLI
     exits with code 1, as for any failure that is not the user's input."""
@@ -92,5 +100,7 @@ ERRORS_BY_CODE: dict[str, type[AlightError]] = {
         PayloadTooLargeError,
         StoreUnavailableError,
         EngineUnavailableError,
+        UnauthorizedError,
+        ForbiddenError,
     )
 }

@@ -62,3 +62,9 @@ def fault_agent(task: dict[str, Any], attempt: Attempt) -> Any:
         emit_reward(float(task["emit"]))
         return None
     return float(task.get("reward", 1.0))
+
+
+@rollout
+async def api_key_check(task: Any, llm: Any) -> float:
+    """1.0 when the LLM the runner bound carries the api key the task expects (the run's token)."""
+    return 1.0 if llm.api_key == task["api_key"] else 0.0

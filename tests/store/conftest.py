@@ -13,7 +13,8 @@ import pytest
 
 from alight.store import MemoryStore, Store
 
-IMPLEMENTATIONS = ["memory", "sqlite", "http+memory", "http+sqlite"]
+# http+token: http+sqlite with a bearer token the client sends (see tests/serving/test_auth.py).
+IMPLEMENTATIONS = ["memory", "sqlite", "http+memory", "http+sqlite", "http+token"]
 
 
 def local_store(kind: str, tmp_path: Path) -> Store:
@@ -35,6 +36,8 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     from alight.store.server import StoreServer
 
     # The watchdog is off so the tests drive reap_timed_out themselves.
-    with StoreServer(local_store(kind.removeprefix("http+"), tmp_path), watchdog_interval_s=None) as server:
-        async with StoreClient(server.url) as client:
+    token = "conformance-token" if kind == "http+token" else None
+    inner = local_store(kind.removeprefix("http+"), tmp_path)
+    with StoreServer(inner, watchdog_interval_s=None, token=token) as server:
+        async with StoreClient(server.url, token=token) as client:
             yield client

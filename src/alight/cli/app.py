@@ -66,6 +66,21 @@ def _root(
         handler.setLevel(level)
 
 
+# The run's shared token (see README "Security"); read from ALIGHT_TOKEN, never shown in help or logs.
+_Token = Annotated[
+    str | None,
+    typer.Option(
+        envvar="ALIGHT_TOKEN",
+        show_default=False,
+        help="Bearer token clients must send (default: the ALIGHT_TOKEN variable, which keeps it out of ps).",
+    ),
+]
+_Insecure = Annotated[
+    bool,
+    typer.Option("--insecure", help="Serve beyond 127.0.0.1 with no token: anyone who reaches the port can use it."),
+]
+
+
 @app.command(cls=_Command)
 def store(
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port to listen on.")] = 4747,
@@ -80,6 +95,8 @@ def store(
     watchdog_interval: Annotated[
         float, typer.Option(min=0.05, help="Seconds between checks for attempts that missed their heartbeat.")
     ] = 1.0,
+    token: _Token = None,
+    insecure: _Insecure = False,
 ) -> None:
     """Run a standalone store server, for runners on other machines."""
     from alight.trainer.serve import serve_store
@@ -96,6 +113,8 @@ def store(
         max_body_bytes=int(max_body_mb * 2**20),
         watchdog_interval_s=watchdog_interval,
         on_ready=ready,
+        token=token or None,
+        insecure=insecure,
     )
 
 
@@ -127,6 +146,8 @@ def serve(
     admin: Annotated[
         bool, typer.Option(help="Add POST /admin/weights {checkpoint, version}, for trainers in other processes.")
     ] = False,
+    token: _Token = None,
+    insecure: _Insecure = False,
 ) -> None:
     """Serve a model or a training checkpoint on an OpenAI-compatible API (/v1/chat/completions...)."""
     from alight.trainer.serve import serve_model
@@ -146,6 +167,8 @@ def serve(
         device=device,
         admin=admin,
         on_ready=ready,
+        token=token or None,
+        insecure=insecure,
     )
 
 
@@ -294,6 +317,7 @@ def runner(
     drain_timeout: Annotated[
         float, typer.Option(min=0.0, help="Seconds workers get to finish their attempts on Ctrl-C.")
     ] = 30.0,
+    token: _Token = None,
 ) -> None:
     """Run agents on the rollouts of a store server (on this or another machine) until Ctrl-C."""
     from alight.trainer.serve import serve_runners
@@ -302,7 +326,13 @@ def runner(
         typer.echo(f"alight runner: {n_runners} workers on {store}; Ctrl-C drains and stops", err=True)
 
     stats = serve_runners(
-        agent, store, n_runners=n_runners, tracer=tracer, drain_timeout_s=drain_timeout, on_ready=ready
+        agent,
+        store,
+        n_runners=n_runners,
+        tracer=tracer,
+        drain_timeout_s=drain_timeout,
+        on_ready=ready,
+        token=token or None,
     )
     typer.echo(
         f"alight runner: stopped; attempts succeeded {stats.attempts_succeeded}, failed {stats.attempts_failed}, "

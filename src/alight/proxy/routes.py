@@ -58,9 +58,12 @@ class WeightsBody(BaseModel):
     version: int
 
 
-def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, admin: bool = False) -> fastapi.FastAPI:
+def create_app(
+    proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, admin: bool = False, token: str | None = None
+) -> fastapi.FastAPI:
     """The proxy's app. Its lifespan starts the proxy (engine) and closes it (spans flushed,
-    engine and store closed). `admin` adds POST /admin/weights for trainers in other processes."""
+    engine and store closed). `admin` adds POST /admin/weights for trainers in other processes.
+    With `token`, every route but /health needs it as the bearer (the OpenAI client's `api_key`)."""
 
     @contextlib.asynccontextmanager
     async def running() -> AsyncIterator[None]:
@@ -71,7 +74,9 @@ def create_app(proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, ad
         finally:
             await proxy.close()
 
-    server = ServerApp("proxy", error_body=openai_error_body, lifespan=running, max_body_bytes=max_body_bytes)
+    server = ServerApp(
+        "proxy", error_body=openai_error_body, lifespan=running, max_body_bytes=max_body_bytes, token=token
+    )
 
     async def parsed(
         request: Request,

@@ -10,6 +10,7 @@ from typing import Any
 from alight.proxy.proxy import Proxy
 from alight.proxy.routes import create_app
 from alight.serving.app import DEFAULT_MAX_BODY_BYTES
+from alight.serving.auth import check_bind
 from alight.serving.background import BackgroundServer
 
 
@@ -19,7 +20,8 @@ class ProxyServer(BackgroundServer):
     The engine and store are used on that thread's loop only: started there, and closed there by
     `stop()`. From other threads use `run` (or await `proxy.update_weights` / `proxy.flush`, which
     hop onto that loop by themselves). `url` is the proxy root (what the trainer publishes as
-    `LLMResource.endpoint`); `stop()` finishes the calls in flight and stores their spans."""
+    `LLMResource.endpoint`); `stop()` finishes the calls in flight and stores their spans. Beyond
+    loopback it needs `token` (or `insecure`; see `alight.serving.auth.check_bind`)."""
 
     what = "proxy"
     graceful_shutdown_s = 10.0
@@ -32,8 +34,12 @@ class ProxyServer(BackgroundServer):
         port: int = 0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         admin: bool = False,
+        token: str | None = None,
+        insecure: bool = False,
     ) -> None:
-        super().__init__(create_app(proxy, max_body_bytes=max_body_bytes, admin=admin), host=host, port=port)
+        check_bind(host, token, insecure=insecure, what=self.what)
+        app = create_app(proxy, max_body_bytes=max_body_bytes, admin=admin, token=token)
+        super().__init__(app, host=host, port=port)
         self.proxy = proxy
 
     def base_url(self, rollout_id: str | None = None, attempt_id: str | None = None) -> str:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from alight.errors import AlightError, ConfigError, InvalidTransitionError, NotFoundError
 from alight.runner.slots import Held, PoolStats, Slot, alive, describe, exit_text, send_signal
 from alight.runner.worker import DRAIN_SIGNALS, EXIT_CONFIG, EXIT_DRAINED, EXIT_RECYCLE, WorkerSpec, worker_main
+from alight.serving.auth import bearer_header, resolve_token
 from alight.types import AttemptStatus, new_id
 
 if TYPE_CHECKING:
@@ -49,7 +50,9 @@ class RunnerPool:
     """`n_runners` worker processes running `agent` on rollouts from the store at `store_url`.
 
     `agent` is an entrypoint (`module:name` or `file.py:name`), loaded in each worker, or a
-    picklable `LitAgent`. Use `start()`/`stop()` or `with RunnerPool(...) as pool:`."""
+    picklable `LitAgent`. Use `start()`/`stop()` or `with RunnerPool(...) as pool:`. `token`
+    (default: `ALIGHT_TOKEN`) reaches the store; workers scope their writes to their own attempts
+    and hand it to agents as the LLM `api_key` (the proxy's bearer token)."""
 
     def __init__(
         self,
@@ -68,6 +71,7 @@ class RunnerPool:
         max_restarts: int | None = None,
         start_timeout_s: float = 120.0,
         instrument: bool = True,
+        token: str | None = None,
     ) -> None:
         if n_runners < 1:
             raise ConfigError(f"n_runners must be at least 1, got {n_runners}")
@@ -97,6 +101,7 @@ class RunnerPool:
         self.max_restarts = max_restarts
         self.start_timeout_s = start_timeout_s
         self.instrument = instrument  # False: the agent's LLM calls are not traced, workers start faster
+        self._token = resolve_token(token)  # default: ALIGHT_TOKEN; workers get it, never a log line
         self.pool_id = new_id("pool")[:13]
         self._slots = [Slot(i) for i in range(n_runners)]
         self._stats = PoolStats()
@@ -195,7 +200,8 @@ class RunnerPool:
 
     def _store_counts(self) -> dict[str, int]:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the store is reached directly
-        with opener.open(f"{self.store_url}/store/counts", timeout=30) as answer:
+        request = urllib.request.Request(f"{self.store_url}/store/counts", headers=bearer_header(self._token))
+        with opener.open(request, timeout=30) as answer:
             return {str(key): int(value) for key, value in json.loads(answer.read()).items()}
 
     # -- the supervisor ---------------------------------------------------------------------
@@ -214,6 +220,7 @@ class RunnerPool:
             heartbeat_interval_s=self.heartbeat_interval_s,
             log_level=logging.getLogger().getEffectiveLevel(),
             instrument=self.instrument,
+            token=self._token,
         )
         process = ctx.Process(target=worker_main, args=(spec, sender), name=spec.worker_id)
         # Blocked signals are inherited: a Ctrl-C during the worker's start-up waits for its handlers.
@@ -244,7 +251,7 @@ class RunnerPool:
                     if store is None:
                         from alight.store.client import StoreClient
 
-                        store = StoreClient(self.store_url)
+                        store = StoreClient(self.store_url, token=self._token)
                     loop.run_until_complete(_record_end(store, attempt_id, status, error))
                 if finished:
                     return

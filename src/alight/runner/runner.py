@@ -104,8 +104,10 @@ class Runner:
         heartbeat_interval_s: float = 2.0,
         watcher: AttemptWatcher | None = None,
         instrument: bool = True,
+        llm_api_key: str | None = None,
     ) -> None:
         self.agent = agent
+        self.llm_api_key = llm_api_key  # what agents send as their api_key when the resource names none
         self.store = store
         self.tracer = tracer
         self.worker_id = worker_id or new_id("runner")
@@ -179,7 +181,7 @@ class Runner:
             resource_set = await self._resources_for(rollout)
         except AlightError as err:
             return Outcome(AttemptStatus.FAILED, error=f"cannot get the resources of this rollout: {err}")
-        resources = bind_resources(resource_set, rollout.rollout_id, attempt.attempt_id)
+        resources = bind_resources(resource_set, rollout.rollout_id, attempt.attempt_id, api_key=self.llm_api_key)
         try:
             attempt = await self.store.start_attempt(attempt.attempt_id)
         except (InvalidTransitionError, NotFoundError) as err:

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
@@ -59,6 +59,7 @@ class WorkerSpec:
     heartbeat_interval_s: float
     log_level: int
     instrument: bool
+    token: str | None = field(default=None, repr=False)  # the store's and the proxy's bearer token
 
 
 class _PipeWatcher(AttemptWatcher):
@@ -147,7 +148,7 @@ def _build_runner(spec: WorkerSpec, conn: Connection) -> Runner:
     tracer = make_tracer(spec.tracer)  # type: ignore[arg-type]
     return Runner(
         agent,
-        StoreClient(spec.store_url),
+        StoreClient(spec.store_url, token=spec.token, runner_id=spec.worker_id),
         tracer=tracer,
         worker_id=spec.worker_id,
         poll_interval_s=spec.poll_interval_s,
@@ -155,6 +156,7 @@ def _build_runner(spec: WorkerSpec, conn: Connection) -> Runner:
         heartbeat_interval_s=spec.heartbeat_interval_s,
         watcher=_PipeWatcher(conn),
         instrument=spec.instrument,
+        llm_api_key=spec.token,
     )
 
 

@@ -11,6 +11,7 @@ format (`error_body`): the store answers `{"error": {"code", "message"}}`, the p
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -21,7 +22,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from alight.errors import AlightError, InvalidRequestError, PayloadTooLargeError, one_line
+from alight.errors import AlightError, InvalidRequestError, PayloadTooLargeError, UnauthorizedError, one_line
+from alight.serving.auth import AUTHENTICATED, BearerAuth
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,8 @@ class ServerApp:
     """A FastAPI app (`.app`) whose routes answer every failure as JSON in `error_body`'s format.
 
     `lifespan` (optional) is entered while the app serves: the store's watchdog, the proxy's
-    engine. `what` names the server in logs; `max_body_bytes` caps the bodies `body()` reads."""
+    engine. `what` names the server in logs; `max_body_bytes` caps the bodies `body()` reads; with `token`,
+    requests need `Authorization: Bearer <token>` (see `alight.serving.auth`)."""
 
     def __init__(
         self,
@@ -57,6 +60,7 @@ class ServerApp:
         error_body: ErrorBody,
         lifespan: Callable[[], AbstractAsyncContextManager[None]] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        token: str | None = None,
     ) -> None:
         self.what = what
         self.error_body = error_body
@@ -78,6 +82,16 @@ class ServerApp:
             telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
         )
         self.app.add_exception_handler(HTTPException, self._on_http_exception)
+        # Authentication (alight.serving.auth): with a token, every route but /health needs it.
+        self.token = token
+        if token is not None:
+            refuse = functools.partial(self.error_body, 401, UnauthorizedError.code)
+            self.app.add_middleware(BearerAuth, token=token, refuse=lambda message: refuse(one_line(message)))
+
+    @staticmethod
+    def authenticated(request: Request) -> bool:
+        """True when the request's bearer token was checked (the server has a token)."""
+        return bool(request.scope.get(AUTHENTICATED))
 
     def error(self, status: int, code: str | None, message: str) -> Response:
         """An error answer in the server's format (the message on one line)."""

@@ -145,6 +145,11 @@ class Store(abc.ABC):
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout, first to last."""
 
+    async def get_attempt(self, attempt_id: str) -> Attempt:
+        """One attempt by id (NotFoundError for an unknown one); the HTTP store checks a runner's
+        writes against its `worker_id`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot read one attempt by id")
+
     @abc.abstractmethod
     async def count_by_status(self) -> dict[RolloutStatus, int]:
         """Number of rollouts in each status (every status present, zero included)."""

@@ -33,6 +33,7 @@ from alight.errors import (
     StoreUnavailableError,
     one_line,
 )
+from alight.serving.auth import RUNNER_HEADER, bearer_header, resolve_token
 from alight.store import wire
 from alight.store.base import Store
 from alight.store.columns import LLMColumns, decode_columns, gc_paused
@@ -61,7 +62,8 @@ _RETRIED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 class StoreClient(Store):
     """A `Store` over HTTP. Create it anywhere; it opens its connections lazily on first use,
     inside the running event loop. Ignores proxy environment variables: the store is reached
-    directly."""
+    directly. `token` (default: the `ALIGHT_TOKEN` variable) is sent as a bearer token; a runner
+    gives its `runner_id`, so that the store refuses its writes into other runners' attempts."""
 
     def __init__(
         self,
@@ -73,8 +75,15 @@ class StoreClient(Store):
         max_backoff_s: float = 2.0,
         span_batch_size: int = 1000,
         span_flush_interval_s: float = 0.05,
+        token: str | None = None,
+        runner_id: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # The bearer token (default: ALIGHT_TOKEN), and the runner its writes are scoped to.
+        self._headers = {"content-type": "application/json", **bearer_header(resolve_token(token))}
+        if runner_id is not None:
+            self._headers[RUNNER_HEADER] = runner_id
+        self.runner_id = runner_id
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
@@ -106,7 +115,7 @@ class StoreClient(Store):
     ) -> tuple[int, bytes]:
         """One try: the answer's status and body."""
         assert self._session is not None
-        headers = {"content-type": "application/json"}
+        headers = dict(self._headers)
         if key is not None:
             headers[IDEMPOTENCY_HEADER] = key
         timeout = aiohttp.ClientTimeout(
@@ -173,6 +182,9 @@ class StoreClient(Store):
 
     async def start_attempt(self, attempt_id: str) -> Attempt:
         return wire.ATTEMPT.validate_json(await self._call("POST", f"/store/attempts/{_quote(attempt_id)}/start"))
+
+    async def get_attempt(self, attempt_id: str) -> Attempt:
+        return wire.ATTEMPT.validate_json(await self._call("GET", f"/store/attempts/{_quote(attempt_id)}"))
 
     async def heartbeat(self, attempt_id: str) -> Attempt:
         path = f"/store/attempts/{_quote(attempt_id)}/heartbeat"

@@ -198,6 +198,9 @@ class MemoryStore(Store):
         end = None if limit is None else offset + limit
         return selected[offset:end]
 
+    async def get_attempt(self, attempt_id: str) -> Attempt:
+        return self._attempt(attempt_id)
+
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:
         self._rollout(rollout_id)
         return [self._attempts[a] for a in self._attempts_of[rollout_id]]

@@ -21,15 +21,18 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from alight.errors import AlightError, ConfigError, InvalidRequestError, StoreError, one_line
+from alight.errors import AlightError, ConfigError, ForbiddenError, InvalidRequestError, StoreError, one_line
 from alight.serving.app import DEFAULT_MAX_BODY_BYTES, Endpoint, Handler, ServerApp
+from alight.serving.auth import RUNNER_HEADER, check_bind
 from alight.serving.background import BackgroundServer
 from alight.store import wire
 from alight.store.base import ALL_ATTEMPTS, Store
 from alight.store.columns import MEDIA_TYPE as COLUMNS_MEDIA_TYPE
 from alight.store.columns import encode_columns, gc_paused
 from alight.store.otlp import receive_traces  # opentelemetry-proto loads on the first request
+from alight.store.scopes import RunnerScopes, without_secrets
 from alight.store.wire import IDEMPOTENCY_HEADER
+from alight.types import ResourceSet
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +87,12 @@ def create_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     watchdog_interval_s: float | None = 1.0,
+    token: str | None = None,
 ) -> fastapi.FastAPI:
     """The store's HTTP app. A lifespan task runs `store.reap_timed_out()` every
-    `watchdog_interval_s` seconds (None: never). The app does not close the store."""
+    `watchdog_interval_s` seconds (None: never). The app does not close the store. With `token`,
+    every route but /health needs it (`alight.serving.auth`); runner scopes and secret redaction:
+    `alight.store.scopes`."""
 
     @contextlib.asynccontextmanager
     async def watchdog() -> AsyncIterator[None]:
@@ -101,8 +107,22 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    server = ServerApp("store server", error_body=_error_body, lifespan=watchdog, max_body_bytes=max_body_bytes)
+    server = ServerApp(
+        "store server", error_body=_error_body, lifespan=watchdog, max_body_bytes=max_body_bytes, token=token
+    )
     remembered = _Remembered(server)
+    scopes = RunnerScopes(store)
+
+    def runner(request: Request) -> str | None:
+        return request.headers.get(RUNNER_HEADER)
+
+    async def own_attempt(request: Request) -> str:
+        attempt_id: str = request.path_params["attempt_id"]
+        await scopes.check(runner(request), (attempt_id,))
+        return attempt_id
+
+    def readable(resources: ResourceSet | None, request: Request) -> ResourceSet | None:
+        return resources if server.authenticated(request) else without_secrets(resources)
 
     def route(path: str, method: str, handler: Handler, *, idempotent: bool = False) -> None:
         endpoint = server.guard(handler)
@@ -117,18 +137,24 @@ def create_app(
 
     async def dequeue(request: Request) -> bytes:
         parsed = wire.parse_body(wire.DequeueBody, await body(request))
-        return wire.MAYBE_CLAIM.dump_json(await store.dequeue(parsed.worker_id, attempt_id=parsed.attempt_id))
+        worker_id = parsed.worker_id or runner(request)
+        if runner(request) not in (None, worker_id):
+            raise ForbiddenError(f"runner {runner(request)!r} cannot claim for worker {worker_id!r}")
+        return wire.MAYBE_CLAIM.dump_json(await store.dequeue(worker_id, attempt_id=parsed.attempt_id))
 
     async def start_attempt(request: Request) -> bytes:
-        return wire.ATTEMPT.dump_json(await store.start_attempt(request.path_params["attempt_id"]))
+        return wire.ATTEMPT.dump_json(await store.start_attempt(await own_attempt(request)))
 
     async def heartbeat(request: Request) -> bytes:
-        return wire.ATTEMPT.dump_json(await store.heartbeat(request.path_params["attempt_id"]))
+        return wire.ATTEMPT.dump_json(await store.heartbeat(await own_attempt(request)))
+
+    async def get_attempt(request: Request) -> bytes:
+        return wire.ATTEMPT.dump_json(await store.get_attempt(request.path_params["attempt_id"]))
 
     async def finish_attempt(request: Request) -> bytes:
         parsed = wire.parse_body(wire.FinishAttemptBody, await body(request))
         rollout = await store.finish_attempt(
-            request.path_params["attempt_id"], parsed.status, reward=parsed.reward, error=parsed.error
+            await own_attempt(request), parsed.status, reward=parsed.reward, error=parsed.error
         )
         return wire.ROLLOUT.dump_json(rollout)
 
@@ -141,6 +167,7 @@ def create_app(
     async def add_spans(request: Request) -> bytes:
         parsed = wire.parse_body(wire.SpansBody, await body(request))
         if parsed.groups is None:
+            await scopes.check(runner(request), (span.attempt_id for span in parsed.spans))
             return orjson.dumps({"added": await store.add_spans(parsed.spans)})
         if sum(parsed.groups) != len(parsed.spans):
             raise InvalidRequestError(
@@ -150,7 +177,9 @@ def create_app(
         total = start = 0
         for size in parsed.groups:
             try:
-                added = await store.add_spans(parsed.spans[start : start + size])
+                group = parsed.spans[start : start + size]
+                await scopes.check(runner(request), (span.attempt_id for span in group))
+                added = await store.add_spans(group)
             except AlightError as err:
                 answers.append({"error": {"code": err.code, "message": one_line(str(err))}})
             else:
@@ -225,7 +254,7 @@ def create_app(
         return wire.RESOURCE_SET.dump_json(await store.add_resources(parsed.resources))
 
     async def latest_resources(request: Request) -> bytes:
-        return wire.MAYBE_RESOURCE_SET.dump_json(await store.get_latest_resources())
+        return wire.MAYBE_RESOURCE_SET.dump_json(readable(await store.get_latest_resources(), request))
 
     async def get_resources(request: Request) -> bytes:
         version = request.path_params["version"]
@@ -233,7 +262,8 @@ def create_app(
             number = int(version)
         except ValueError:
             raise InvalidRequestError(f"resources version must be an integer, got {version!r}") from None
-        return wire.RESOURCE_SET.dump_json(await store.get_resources(number))
+        resources = await store.get_resources(number)
+        return wire.RESOURCE_SET.dump_json(resources if server.authenticated(request) else without_secrets(resources))
 
     # -- upkeep ---------------------------------------------------------------------------
     async def reap(request: Request) -> bytes:
@@ -255,6 +285,7 @@ def create_app(
 
     route("/store/enqueue", "POST", enqueue)
     route("/store/dequeue", "POST", dequeue)
+    route("/store/attempts/{attempt_id}", "GET", get_attempt)
     route("/store/attempts/{attempt_id}/start", "POST", start_attempt)
     route("/store/attempts/{attempt_id}/heartbeat", "POST", heartbeat)
     route("/store/attempts/{attempt_id}/finish", "POST", finish_attempt)
@@ -298,7 +329,8 @@ class StoreServer(BackgroundServer):
     """Serves a store over HTTP from a daemon thread with its own event loop (uvloop).
 
     The store object is used only on that thread's loop, and closed there by `stop()`.
-    Port 0 (the default) picks a free port; `url` gives the real one once started.
+    Port 0 (the default) picks a free port; `url` gives the real one once started. Beyond
+    loopback it needs `token` (or `insecure`; see `alight.serving.auth.check_bind`).
     """
 
     what = "store server"
@@ -312,8 +344,11 @@ class StoreServer(BackgroundServer):
         port: int = 0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         watchdog_interval_s: float | None = 1.0,
+        token: str | None = None,
+        insecure: bool = False,
     ) -> None:
-        app = create_app(store, max_body_bytes=max_body_bytes, watchdog_interval_s=watchdog_interval_s)
+        check_bind(host, token, insecure=insecure, what=self.what)
+        app = create_app(store, max_body_bytes=max_body_bytes, watchdog_interval_s=watchdog_interval_s, token=token)
         super().__init__(app, host=host, port=port)
         self.store = store
 
@@ -329,15 +364,23 @@ def serve(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     watchdog_interval_s: float | None = 1.0,
     on_ready: Callable[[str], None] | None = None,
+    token: str | None = None,
+    insecure: bool = False,
 ) -> None:
     """Serve `store` until Ctrl-C or SIGTERM, then shut down gracefully and close the store.
     `on_ready` is called with the server's URL once it answers (ConfigError before that if the
-    port is taken)."""
-    server = StoreServer(
-        store, host=host, port=port, max_body_bytes=max_body_bytes, watchdog_interval_s=watchdog_interval_s
-    )
+    port is taken, or for a bind beyond loopback without `token` or `insecure`)."""
     try:
+        server = StoreServer(
+            store,
+            host=host,
+            port=port,
+            max_body_bytes=max_body_bytes,
+            watchdog_interval_s=watchdog_interval_s,
+            token=token,
+            insecure=insecure,
+        )
         server.serve_until_interrupted(on_ready)
-    except ConfigError:  # never served (the port is taken): the store is still ours to close
+    except ConfigError:  # never served (no token, the port is taken): the store is still ours to close
         asyncio.run(store.close())
         raise

@@ -332,6 +332,9 @@ class SqliteStore(Store):
         rows = self._db.execute(sql, (*params, -1 if limit is None else limit, offset))
         return [Rollout.model_validate_json(r[0]) for r in rows]
 
+    async def get_attempt(self, attempt_id: str) -> Attempt:
+        return self._attempt(attempt_id)
+
     async def list_attempts(self, rollout_id: str) -> list[Attempt]:
         self._rollout(rollout_id)
         rows = self._db.execute("SELECT data FROM attempts WHERE rollout_id = ? ORDER BY number", (rollout_id,))

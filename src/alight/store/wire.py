@@ -11,12 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from alight.errors import (
     ERRORS_BY_CODE,
     AlightError,
+    ForbiddenError,
     InvalidRequestError,
     InvalidTransitionError,
     NotFoundError,
     PayloadTooLargeError,
     StoreError,
     StoreUnavailableError,
+    UnauthorizedError,
     one_line,
 )
 from alight.types import (
@@ -131,7 +133,15 @@ def parse_body(model: type[_B], data: bytes) -> _B:
 # The error class of a status, for answers without a readable error body.
 _ERRORS_BY_STATUS: dict[int, type[AlightError]] = {
     cls.http_status: cls
-    for cls in (InvalidRequestError, NotFoundError, InvalidTransitionError, PayloadTooLargeError, StoreUnavailableError)
+    for cls in (
+        InvalidRequestError,
+        NotFoundError,
+        InvalidTransitionError,
+        PayloadTooLargeError,
+        StoreUnavailableError,
+        UnauthorizedError,
+        ForbiddenError,
+    )
 }
 
 

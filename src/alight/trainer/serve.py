@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alight.errors import ConfigError
+from alight.serving.auth import check_bind
 
 if TYPE_CHECKING:
     from alight.runner.slots import PoolStats
@@ -27,14 +28,19 @@ def serve_store(
     max_body_bytes: int | None = None,
     watchdog_interval_s: float | None = 1.0,
     on_ready: Callable[[str], None] | None = None,
+    token: str | None = None,
+    insecure: bool = False,
 ) -> None:
     """Serve a store until Ctrl-C or SIGTERM: the SQLite file `db` (durable), or without it a
-    store in memory. ConfigError for a taken port or an unusable `db`, before serving."""
+    store in memory. ConfigError for a taken port or an unusable `db`, or for a bind beyond
+    loopback with neither `token` nor `insecure`, before serving."""
     from alight.serving.app import DEFAULT_MAX_BODY_BYTES
     from alight.store.memory import MemoryStore
     from alight.store.server import serve
     from alight.store.sqlite import SqliteStore
 
+    if not insecure:  # refuse before a SQLite file is made (the server warns about --insecure)
+        check_bind(host, token, what="store server")
     store = SqliteStore(db) if db is not None else MemoryStore()
     serve(
         store,
@@ -43,6 +49,8 @@ def serve_store(
         max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES,
         watchdog_interval_s=watchdog_interval_s,
         on_ready=on_ready,
+        token=token,
+        insecure=insecure,
     )
 
 
@@ -54,14 +62,22 @@ def serve_runners(
     tracer: str = "light",
     drain_timeout_s: float = 30.0,
     on_ready: Callable[[Any], None] | None = None,
+    token: str | None = None,
 ) -> PoolStats:
     """Run `n_runners` worker processes on the rollouts of the store server at `store_url` until
     Ctrl-C or SIGTERM, then drain (see `alight.runner.service`); returns the pool's counts. A bad
-    agent or URL raises ConfigError before any worker starts."""
+    agent or URL raises ConfigError before any worker starts. `token`: the store's and the
+    proxy's (default: `ALIGHT_TOKEN`)."""
     from alight.runner.service import run_pool_until_interrupted
 
     return run_pool_until_interrupted(
-        agent, store_url, n_runners=n_runners, tracer=tracer, drain_timeout_s=drain_timeout_s, on_ready=on_ready
+        agent,
+        store_url,
+        n_runners=n_runners,
+        tracer=tracer,
+        drain_timeout_s=drain_timeout_s,
+        on_ready=on_ready,
+        token=token,
     )
 
 
@@ -99,11 +115,17 @@ def serve_model(
     device: str = "cpu",
     admin: bool = False,
     on_ready: Callable[[str], None] | None = None,
+    token: str | None = None,
+    insecure: bool = False,
 ) -> None:
     """Serve `model` with `engine` until Ctrl-C; with `store_url`, record spans of calls that
     carry rollout/attempt ids into that store server. `base_url` is the upstream of the litellm
     engine (or a running vLLM server); `api_key_env` names the variable holding the upstream's key.
-    Raises ConfigError for bad arguments (a missing model, an unknown engine, a taken port)."""
+    Raises ConfigError for bad arguments (a missing model, an unknown engine, a taken port, a bind
+    beyond loopback with neither `token` nor `insecure`). With `token`, clients send it as their
+    `api_key`, and it is sent to the store server too."""
+    if not insecure:  # refuse before loading the model (the server warns about --insecure)
+        check_bind(host, token, what="proxy")
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     options: dict[str, Any] = {"served_name": served_name}  # None values: the engine's defaults
@@ -121,6 +143,7 @@ def serve_model(
     if store_url is not None:
         from alight.store.client import StoreClient
 
-        store = StoreClient(store_url)
+        store = StoreClient(store_url, token=token)
     proxy = Proxy(make_engine(engine, **options), store)
-    ProxyServer(proxy, host=host, port=port, admin=admin).serve_until_interrupted(on_ready)
+    server = ProxyServer(proxy, host=host, port=port, admin=admin, token=token, insecure=insecure)
+    server.serve_until_interrupted(on_ready)

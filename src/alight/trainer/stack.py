@@ -15,6 +15,7 @@ from typing import Any
 
 from alight.config.schema import EngineConfig, ExperimentConfig
 from alight.errors import ConfigError
+from alight.serving.auth import resolve_token
 from alight.trainer.run_dir import STORE_FILE
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class LocalStack:
         self.run_dir = run_dir
         self.n_runners = n_runners or cfg.runner.n_runners
         self.store_url: str | None = cfg.store.url
+        # One shared token for the run's store, proxy and runners (ALIGHT_TOKEN); None on loopback.
+        self.token = resolve_token()
         self._store_server: Any = None
         self.proxy_server: Any = None
         self.pool: Any = None
@@ -73,21 +76,29 @@ class LocalStack:
 
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 store = SqliteStore(self.run_dir / STORE_FILE)
-                self._store_server = StoreServer(store, port=self.cfg.store.port).start()
+                self._store_server = StoreServer(
+                    store, host=self.cfg.store.host, port=self.cfg.store.port, token=self.token
+                ).start()
                 self.store_url = self._store_server.url
             assert self.store_url is not None
             logger.info("store at %s", self.store_url)
             proxy = Proxy(
                 engine,
-                StoreClient(self.store_url),
+                StoreClient(self.store_url, token=self.token),
                 version=self.weights_version,
                 default_sampling=self.sampling_parameters(),
             )
-            self.proxy_server = ProxyServer(proxy, host=self.cfg.proxy.host, port=self.cfg.proxy.port).start()
+            self.proxy_server = ProxyServer(
+                proxy, host=self.cfg.proxy.host, port=self.cfg.proxy.port, token=self.token
+            ).start()
             logger.info("LLM proxy at %s (engine %s, model %s)", self.proxy_server.url, kind, self.cfg.engine.model)
             asyncio.run(self._publish())
             self.pool = RunnerPool(
-                self.cfg.agent.entrypoint, self.store_url, n_runners=self.n_runners, tracer=self.cfg.runner.tracer
+                self.cfg.agent.entrypoint,
+                self.store_url,
+                n_runners=self.n_runners,
+                tracer=self.cfg.runner.tracer,
+                token=self.token,
             ).start()
         except BaseException:
             self.stop()
@@ -114,7 +125,7 @@ class LocalStack:
     async def _publish(self) -> None:
         from alight.store.client import StoreClient
 
-        async with StoreClient(self._url()) as store:
+        async with StoreClient(self._url(), token=self.token) as store:
             await store.add_resources(self.resources())
 
     def trainer_store(self) -> Any:
@@ -126,7 +137,7 @@ class LocalStack:
             return SqliteStore(self.run_dir / STORE_FILE)
         from alight.store.client import StoreClient
 
-        return StoreClient(self._url())
+        return StoreClient(self._url(), token=self.token)
 
     def _url(self) -> str:
         if self.store_url is None:
