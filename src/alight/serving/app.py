@@ -129,10 +129,10 @@ class ServerApp:
         cached: list[bytes] = []
 
         async def openapi(request: Request) -> Response:
-            if not cached:
-                import orjson
+            if not cached:  # the standard encoder: bounds such as 2**64 are past orjson's integers
+                import json
 
-                cached.append(orjson.dumps(document(self.app.title, operations)))
+                cached.append(json.dumps(document(self.app.title, operations)).encode())
             return Response(cached[0], media_type=JSON)
 
         self.app.add_route("/openapi.json", openapi, methods=["GET"])

@@ -93,7 +93,7 @@ _LIST_QUERY: dict[str, dict[str, Any]] = {
 _SPANS_QUERY: dict[str, dict[str, Any]] = {"attempt_id": {"type": "string"}}
 
 
-class _OtlpTraces(BaseModel):
+class OtlpTracesBody(BaseModel):
     """OTLP/JSON `ExportTraceServiceRequest` (protobuf is accepted too, as application/x-protobuf)."""
 
     resourceSpans: list[dict[str, Any]] = []  # OTLP's own field name
@@ -317,7 +317,7 @@ def create_app(
     route("/store/counts", "GET", counts, "rollouts by status")
     route("/store/reap", "POST", reap, "time out silent attempts", W.ReapBody, idempotent=True)
     route("/health", "GET", health, "health")
-    route("/v1/traces", "POST", otlp_traces, "OTLP/HTTP trace export (protobuf or JSON)", _OtlpTraces)
+    route("/v1/traces", "POST", otlp_traces, "OTLP/HTTP trace export (protobuf or JSON)", OtlpTracesBody)
     server.serve_openapi(operations)
     return server.app
 
