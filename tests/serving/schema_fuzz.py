@@ -7,7 +7,9 @@ its own hypothesis and jsonschema ranges) into a set the verl and agent-framewor
 tight. The subset of JSON Schema covered is what pydantic writes for alight's bodies: types, enum,
 const, anyOf/oneOf/allOf, $ref, properties/required/additionalProperties, items, bounds, lengths,
 patterns. Requests are schema-valid bodies, bodies with one field swapped for any JSON value, and
-any JSON at all, with path parameters drawn from known ids and from any text.
+any JSON at all; query strings valid or with one bad value; path parameters drawn from known ids,
+any text and edge numbers. Integers lean to their edges (64-bit limits and just past them): with
+the 64-bit bounds of `limit` taken off, a run finds the 500 they prevent.
 """
 
 from __future__ import annotations
@@ -25,11 +27,17 @@ from hypothesis import strategies as st
 
 Json = Any
 
+# Values at the edges of what servers store: 32/64-bit limits and just past them, a 23-digit number.
+EDGE_INTS = [0, -1, 1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64, -(2**63), -(2**63) - 1, 10**22]
+EDGE_FLOATS = [0.0, -0.0, 1e-300, 1e300, -1e300, 1.7976931348623157e308]
+EDGES: st.SearchStrategy[Json] = st.sampled_from(EDGE_INTS) | st.sampled_from(EDGE_FLOATS)
+
 ANY_JSON: st.SearchStrategy[Json] = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**80), max_value=2**80)
     | st.floats(allow_nan=False, allow_infinity=False)
+    | EDGES
     | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=12,
@@ -79,7 +87,8 @@ class SchemaStrategies:
         high = schema.get("maximum", 2**70)
         if "exclusiveMaximum" in schema:
             high = int(schema["exclusiveMaximum"]) - 1
-        return st.integers(min_value=int(low), max_value=int(high))
+        edges = [value for value in EDGE_INTS if low <= value <= high]
+        return st.integers(min_value=int(low), max_value=int(high)) | st.sampled_from(edges or [int(low)])
 
     def _number(self, schema: dict[str, Any]) -> st.SearchStrategy[float]:
         return st.floats(
@@ -139,13 +148,19 @@ class Call:
 def calls(document: dict[str, Any], known_ids: list[str]) -> st.SearchStrategy[Call]:
     """Requests for the operations of `document`."""
     schemas = SchemaStrategies(document)
-    path_values = st.sampled_from(known_ids) | st.text(min_size=1, max_size=30) | st.integers().map(str)
+    path_values = st.sampled_from(known_ids) | st.text(min_size=1, max_size=30) | EDGES.map(str)
     options: list[st.SearchStrategy[Call]] = []
     for path, methods in document["paths"].items():
         for method, operation in methods.items():
             params = operation.get("parameters", [])
             names = [p["name"] for p in params if p["in"] == "path"]
-            query = {p["name"]: schemas.of(p["schema"]) | ANY_JSON.map(str) for p in params if p["in"] == "query"}
+            # valid values, or one bad value among valid ones: so each bad value reaches the handler
+            valid_query = st.fixed_dictionaries(
+                {}, optional={p["name"]: schemas.of(p["schema"]) for p in params if p["in"] == "query"}
+            )
+            query = st.one_of(
+                valid_query, valid_query, mutated(valid_query).map(lambda q: q if isinstance(q, dict) else {})
+            )
             body = st.none()
             if "requestBody" in operation:
                 valid = schemas.of(operation["requestBody"]["content"]["application/json"]["schema"])
@@ -163,7 +178,7 @@ def calls(document: dict[str, Any], known_ids: list[str]) -> st.SearchStrategy[C
             strategy = st.builds(
                 build,
                 st.lists(path_values, min_size=len(names), max_size=len(names)),
-                st.fixed_dictionaries({}, optional=query),
+                query,
                 body,
             )
             options.append(strategy)
