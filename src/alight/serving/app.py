@@ -1,9 +1,11 @@
 """`ServerApp`: the FastAPI app the store server and the LLM proxy start from.
 
-What both need, written once: no docs routes and no OpenTelemetry spans for requests, the
-server's lifespan, a capped request body, and every failure answered as JSON, never a traceback:
-an unknown route or method, an `AlightError` (its status and code), a failed validation, a client
-gone while sending, an unexpected exception (logged, answered 500). The server names the error
+What both need, written once: no docs pages and no OpenTelemetry spans for requests (the OpenAPI
+document of the server's own routes at `/openapi.json`, see `serve_openapi`), the server's
+lifespan, a capped request body, long work dropped when its client goes (`unless_disconnected`),
+and every failure answered as JSON, never a traceback: an unknown route or method, an
+`AlightError` (its status and code), a failed validation, a client gone, an unexpected exception
+(logged, answered 500). The server names the error
 format (`error_body`): the store answers `{"error": {"code", "message"}}`, the proxy OpenAI's
 `{"error": {"message", "type", "param", "code"}}`.
 """
