@@ -50,8 +50,13 @@ def now() -> float:
 Id = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^/\s]+$")]
 
 
+#: An integer the store can hold (SQLite's signed 64 bits): larger ones are refused at the edge.
+StoreInt = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    # NaN and infinities are refused: a stored NaN reads back as null and breaks every later read.
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
 
 class RolloutStatus(StrEnum):
@@ -126,14 +131,14 @@ class Rollout(_Model):
     task: Task
     mode: RolloutMode = RolloutMode.TRAIN
     group_id: str | None = None  # rollouts of one task sampled together (GRPO group)
-    resources_version: int | None = None  # resource set to use; None: the latest at claim time
-    max_attempts: int = Field(default=1, ge=1)
+    resources_version: StoreInt | None = None  # resource set to use; None: the latest at claim time
+    max_attempts: int = Field(default=1, ge=1, le=2**63 - 1)
     timeout_s: float | None = Field(default=None, gt=0)  # wall-clock limit of one attempt
     heartbeat_timeout_s: float | None = Field(default=60.0, gt=0)  # silence that times an attempt out
     metadata: dict[str, Any] = Field(default_factory=dict)
     # Managed by the store; values passed to enqueue are ignored.
     status: RolloutStatus = RolloutStatus.QUEUING
-    attempt_count: int = 0
+    attempt_count: StoreInt = 0
     reward: float | None = None
     created_at: float = 0.0
     started_at: float | None = None  # first claim
@@ -145,7 +150,7 @@ class Attempt(_Model):
 
     attempt_id: Id = Field(default_factory=lambda: new_id("at"))
     rollout_id: Id
-    number: int = Field(ge=1)  # 1 for the first attempt of the rollout
+    number: int = Field(ge=1, le=2**63 - 1)  # 1 for the first attempt of the rollout
     status: AttemptStatus = AttemptStatus.PREPARING
     worker_id: str | None = None
     timeout_s: float | None = None  # copied from the rollout at claim time
@@ -178,7 +183,7 @@ class Span(_Model):
 
     rollout_id: Id
     attempt_id: Id
-    sequence_id: int | None = None  # order within the attempt; the store assigns it when None
+    sequence_id: StoreInt | None = None  # order within the attempt; the store assigns it when None
     trace_id: str = Field(default_factory=new_trace_id)
     span_id: str = Field(default_factory=new_span_id)
     parent_id: str | None = None
@@ -215,7 +220,7 @@ Resource = Annotated[LLMResource | PromptTemplate, Field(discriminator="type")]
 class ResourceSet(_Model):
     """A versioned set of named resources; the store numbers versions 1, 2, 3, ..."""
 
-    version: int
+    version: StoreInt
     resources: dict[str, Resource]
     created_at: float
 
@@ -229,6 +234,9 @@ class Transition(_Model):
     them: lists, or numpy arrays from the store's bulk read (`SqliteStore.span_dicts(arrays=True)`).
     `model_dump`/`model_dump_json` give lists either way; compare arrays with numpy, not `==`.
     """
+
+    # Made by alight, never read from a request: a -inf log-prob stays what the engine gave.
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=True)
 
     prompt_ids: list[int]
     response_ids: list[int]

@@ -216,6 +216,9 @@ class EmbeddedEngine(Engine):
                 return
 
     def _run(self, jobs: list[_Job]) -> None:
+        jobs = [job for job in jobs if not job.sequence.cancelled]  # callers gone while queued
+        if not jobs:
+            return
         try:
             with self._model_lock:
                 version = self._version
@@ -311,7 +314,7 @@ class EmbeddedEngine(Engine):
 
     async def chat(self, request: ChatRequest) -> Generation:
         sequence, parse_tools = await self._prepare_chat(request)
-        output, version = await self._submit(sequence, stream=False).future
+        output, version = await _answer(self._submit(sequence, stream=False))
         return self._generation(sequence, output, version, parse_tools)
 
     async def chat_stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
@@ -323,10 +326,13 @@ class EmbeddedEngine(Engine):
         job = self._submit(sequence, stream=True)
         assert job.texts is not None
         shown = ToolCallStreamFilter() if parse_tools else PlainTextStream()
-        while (text := await job.texts.get()) is not None:
-            if delta := shown.feed(text):
-                yield TextDelta(delta)
-        output, version = await job.future
+        try:
+            while (text := await job.texts.get()) is not None:
+                if delta := shown.feed(text):
+                    yield TextDelta(delta)
+            output, version = await job.future
+        finally:  # the reader stopped early (client gone): stop generating for it
+            sequence.cancelled = not job.future.done()
         generation = self._generation(sequence, output, version, parse_tools)
         if delta := shown.feed(output.text, final=True):
             yield TextDelta(delta)
@@ -338,7 +344,7 @@ class EmbeddedEngine(Engine):
         self._check_model(request.model)
         prompt_ids = self._completion_prompt(request.prompt)
         sequence = self._sequence(prompt_ids, request.sampling)
-        output, version = await self._submit(sequence, stream=False).future
+        output, version = await _answer(self._submit(sequence, stream=False))
         return self._generation(sequence, output, version, parse_tools=False)
 
     def _completion_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -377,6 +383,15 @@ def _threadsafe_put(loop: asyncio.AbstractEventLoop, texts: asyncio.Queue[str | 
             loop.call_soon_threadsafe(texts.put_nowait, text)
 
     return put
+
+
+async def _answer(job: _Job) -> tuple[SequenceOutput, int]:
+    """A job's result; a caller cancelled while waiting (its client gone) stops the job's sequence."""
+    try:
+        return await job.future
+    except asyncio.CancelledError:
+        job.sequence.cancelled = True
+        raise
 
 
 def _deliver(job: _Job, result: tuple[SequenceOutput, int] | None, error: BaseException | None) -> None:

@@ -27,6 +27,7 @@ class Sequence:
     stop: list[str] = field(default_factory=list)
     generator: torch.Generator | None = None  # None: torch's global generator
     on_text: Callable[[str], None] | None = None  # streaming: gets the settled text after each token but the last
+    cancelled: bool = False  # set from another thread when the caller has gone: the row stops at the next token
 
 
 @dataclass
@@ -108,6 +109,8 @@ def generate(
             logits = out.logits[:, -1, :].float()
             next_ids = []
             for row, seq in enumerate(batch):
+                if finish[row] is None and seq.cancelled:
+                    finish[row] = "length"
                 if finish[row] is not None:
                     next_ids.append(pad_id)
                     continue

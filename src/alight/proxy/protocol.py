@@ -104,7 +104,7 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, allow_inf_nan=False)
 
 
 class _Strict(BaseModel):
@@ -180,7 +180,7 @@ class _Sampled(_Body):
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=-(2**63), lt=2**64)] | None = None  # torch's seed range
     n: Annotated[int, Field(ge=1)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -220,8 +220,9 @@ class ChatBody(_Sampled):
     def to_request(self) -> ChatRequest:
         tools = [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
         if self.tools and isinstance(self.tool_choice, dict):
-            wanted = (self.tool_choice.get("function") or {}).get("name")
-            if wanted not in {tool.function.name for tool in self.tools}:
+            function = self.tool_choice.get("function")
+            wanted = function.get("name") if isinstance(function, dict) else None
+            if not isinstance(wanted, str) or wanted not in {tool.function.name for tool in self.tools}:
                 raise ProxyError(f"tool_choice names an unknown function {wanted!r}.", param="tool_choice")
         return ChatRequest(
             model=self.model,

@@ -214,7 +214,7 @@ def _chat_tool_choice(choice: str | dict[str, Any] | None, tools: list[dict[str,
             code="unsupported_value",
         )
     name = choice.get("name")
-    if name not in {tool["function"]["name"] for tool in tools}:
+    if not isinstance(name, str) or name not in {tool["function"]["name"] for tool in tools}:
         raise ProxyError(f"tool_choice names an unknown function {name!r}.", param="tool_choice")
     return {"type": "function", "function": {"name": name}}
 

@@ -16,7 +16,7 @@ from typing import Any
 import fastapi
 import orjson
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from alight.engines.base import ChatRequest, CompletionRequest, Generation
@@ -40,7 +40,8 @@ from alight.proxy.responses_api import (
     status_of,
 )
 from alight.proxy.streaming import ChatStream, EngineStream, EventStream
-from alight.serving.app import DEFAULT_MAX_BODY_BYTES, JSON, ServerApp
+from alight.serving.app import DEFAULT_MAX_BODY_BYTES, JSON, Handler, ServerApp, unless_disconnected
+from alight.serving.openapi import Operation
 
 logger = logging.getLogger(__name__)
 
@@ -97,16 +98,21 @@ def create_app(
         return body
 
     async def generate(
+        http: Request,
         context: CallContext,
         request: ChatRequest | CompletionRequest,
         run: Callable[[], Awaitable[Generation]],
         api: str | None = None,
     ) -> tuple[Generation, int | None, float, float]:
-        """Run one call through the gate; an engine failure is recorded and answered as an error."""
+        """Run one call through the gate; an engine failure is recorded and answered as an error.
+        A client that hangs up cancels the call (the engine stops generating for it)."""
         version = await proxy.gate.enter()
         started, clock = time.time(), time.perf_counter()
         try:
-            generation = await run()
+            generation = await unless_disconnected(http, run())
+        except ClientDisconnect:
+            logger.info("proxy: the client hung up; its call was cancelled")
+            raise
         except Exception as err:
             failure = engine_error(err)
             if context.recorded:
@@ -125,11 +131,11 @@ def create_app(
         return generation, version, started, time.perf_counter() - clock
 
     async def answer_chat(
-        context: CallContext, engine_request: ChatRequest, api: str
+        request: Request, context: CallContext, engine_request: ChatRequest, api: str
     ) -> tuple[Generation, dict[str, Any], int | None]:
         """An unstreamed chat call, recorded: the generation, the answered message, the version."""
         generation, version, started, latency = await generate(
-            context, engine_request, lambda: proxy.engine.chat(engine_request), api
+            request, context, engine_request, lambda: proxy.engine.chat(engine_request), api
         )
         message = objects.assistant_message(generation.message)
         if context.recorded:
@@ -148,7 +154,7 @@ def create_app(
         engine_request = body.to_request()
         if body.stream:
             return await _streamed(ChatStream(proxy, context, engine_request, body))
-        generation, message, version = await answer_chat(context, engine_request, "chat")
+        generation, message, version = await answer_chat(request, context, engine_request, "chat")
         logprobs = objects.logprobs_content(generation, proxy.token_texts) if body.logprobs else None
         alight = objects.extension(generation, version, context.recorded_span_id) if body.return_token_ids else None
         call_id = objects.new_call_id("chatcmpl")
@@ -161,7 +167,7 @@ def create_app(
         if body.stream:
             return await _streamed(ResponsesStream(proxy, context, engine_request, body))
         created_at = time.time()
-        generation, message, version = await answer_chat(context, engine_request, "responses")
+        generation, message, version = await answer_chat(request, context, engine_request, "responses")
         alight = objects.extension(generation, version, context.recorded_span_id) if body.return_token_ids else None
         output = output_items(message, message_id=objects.new_call_id("msg"), status=status_of(generation))
         response_id = objects.new_call_id("resp")
@@ -174,7 +180,7 @@ def create_app(
         body: CompletionBody = await parsed(request, CompletionBody, context)
         engine_request = body.to_request()
         generation, version, started, latency = await generate(
-            context, engine_request, lambda: proxy.engine.complete(engine_request)
+            request, context, engine_request, lambda: proxy.engine.complete(engine_request)
         )
         if context.recorded:
             span = llm_span(
@@ -217,15 +223,22 @@ def create_app(
             raise ProxyError(str(err), code="unsupported") from None
         return _json({"version": proxy.version})
 
+    operations: list[Operation] = []
+
+    def route(path: str, method: str, handler: Handler, summary: str, body: type[BaseModel] | None = None) -> None:
+        server.route(path, method, handler)
+        operations.append(Operation(path, method, summary, body))
+
     for prefix in ("", ROLLOUT_PREFIX):
-        server.route(f"{prefix}/v1/chat/completions", "POST", chat)
-        server.route(f"{prefix}/v1/completions", "POST", complete)
-        server.route(f"{prefix}/v1/responses", "POST", respond)
-        server.route(f"{prefix}/v1/models", "GET", models)
-        server.route(f"{prefix}/v1/models/{{model:path}}", "GET", model)
-    server.route("/health", "GET", health)
+        route(f"{prefix}/v1/chat/completions", "POST", chat, "chat completion", ChatBody)
+        route(f"{prefix}/v1/completions", "POST", complete, "text completion", CompletionBody)
+        route(f"{prefix}/v1/responses", "POST", respond, "Responses API call", ResponsesBody)
+        route(f"{prefix}/v1/models", "GET", models, "served models")
+        route(f"{prefix}/v1/models/{{model:path}}", "GET", model, "a served model")
+    route("/health", "GET", health, "health")
     if admin:
-        server.route("/admin/weights", "POST", update_weights)
+        route("/admin/weights", "POST", update_weights, "serve new weights", WeightsBody)
+    server.serve_openapi(operations)
     return server.app
 
 

@@ -1,20 +1,24 @@
 """`ServerApp`: the FastAPI app the store server and the LLM proxy start from.
 
-What both need, written once: no docs routes and no OpenTelemetry spans for requests, the
-server's lifespan, a capped request body, and every failure answered as JSON, never a traceback:
-an unknown route or method, an `AlightError` (its status and code), a failed validation, a client
-gone while sending, an unexpected exception (logged, answered 500). The server names the error
+What both need, written once: no docs pages and no OpenTelemetry spans for requests (the OpenAPI
+document of the server's own routes at `/openapi.json`, see `serve_openapi`), the server's
+lifespan, a capped request body, long work dropped when its client goes (`unless_disconnected`),
+and every failure answered as JSON, never a traceback: an unknown route or method, an
+`AlightError` (its status and code), a failed validation, a client gone, an unexpected exception
+(logged, answered 500). The server names the error
 format (`error_body`): the store answers `{"error": {"code", "message"}}`, the proxy OpenAI's
 `{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, TypeVar
 
 import fastapi
 from pydantic import ValidationError
@@ -25,7 +29,14 @@ from starlette.responses import Response
 from alight.errors import AlightError, InvalidRequestError, PayloadTooLargeError, UnauthorizedError, one_line
 from alight.serving.auth import AUTHENTICATED, BearerAuth
 
+if TYPE_CHECKING:
+    from alight.serving.openapi import Operation
+
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+#: How often a request waiting on long work checks that its client is still there (seconds).
+DISCONNECT_POLL_S = 0.25
 
 DEFAULT_MAX_BODY_BYTES = 32 * 2**20
 JSON = "application/json"
@@ -110,7 +121,7 @@ class ServerApp:
             except ValidationError as err:
                 return self.error(422, InvalidRequestError.code, validation_message(err))
             except ClientDisconnect:
-                return self.error(400, InvalidRequestError.code, "client disconnected while sending the body")
+                return self.error(400, InvalidRequestError.code, "client disconnected before the answer")
             except Exception as err:
                 logger.exception("%s: %s %s failed", self.what, request.method, request.url.path)
                 return self.error(500, None, f"internal error: {one_line(err)}")
@@ -126,11 +137,45 @@ class ServerApp:
         """The request body, refused past `max_body_bytes` (see `read_body`)."""
         return await read_body(request, self.max_body_bytes)
 
+    # -- the OpenAPI document (GET /openapi.json) ------------------------------------------------
+    def serve_openapi(self, operations: Sequence[Operation]) -> None:
+        """Serve an OpenAPI 3.1 document of `operations` at GET /openapi.json (built on first ask)."""
+        from alight.serving.openapi import document
+
+        cached: list[bytes] = []
+
+        async def openapi(request: Request) -> Response:
+            if not cached:  # the standard encoder: bounds such as 2**64 are past orjson's integers
+                import json
+
+                cached.append(json.dumps(document(self.app.title, operations)).encode())
+            return Response(cached[0], media_type=JSON)
+
+        self.app.add_route("/openapi.json", openapi, methods=["GET"])
+
     async def _on_http_exception(self, request: Request, exc: Exception) -> Response:
         # Unknown paths and methods answer in the same format as everything else.
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         code = "not_found" if status == 404 else None
         return self.error(status, code, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}")
+
+
+async def unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:
+    """`work`'s result, or ClientDisconnect once the client has gone (the work is cancelled then),
+    so a hung-up client does not keep a long wait or a generation running."""
+    task: asyncio.Future[_T] = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientDisconnect()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -9,7 +9,6 @@ and are decoded here. `receive_traces` serves `POST /v1/traces` (OTLP/HTTP, prot
 from __future__ import annotations
 
 import base64
-import gzip
 import json
 import logging
 import zlib
@@ -19,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from alight import semconv
-from alight.errors import AlightError, InvalidRequestError
+from alight.errors import AlightError, InvalidRequestError, PayloadTooLargeError
 from alight.store.base import Store
 from alight.types import Span, SpanKind, SpanStatus
 
@@ -93,7 +92,7 @@ def make_span(
     if raw_sequence is not None:
         try:
             sequence_id = int(raw_sequence)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             sequence_id = None
     fields: dict[str, Any] = dict(
         rollout_id=str(rollout_id),
@@ -105,8 +104,8 @@ def make_span(
         name=name,
         kind=kind,
         attributes=attrs,
-        start_time=start_ns / 1e9,
-        end_time=None if not end_ns else end_ns / 1e9,
+        start_time=_seconds(start_ns),
+        end_time=None if not end_ns else _seconds(end_ns),
         status=_STATUS.get(status_code, SpanStatus.UNSET),
         status_message=status_message or None,
     )
@@ -117,6 +116,13 @@ def make_span(
     except ValidationError as err:
         logger.debug("OTLP span %r refused: %s", name, err)
         return None
+
+
+def _seconds(ns: int) -> float:
+    # A time past 2^64 ns (year 2554) is no OTLP time: refused rather than an OverflowError.
+    if not 0 <= ns < 2**64:
+        raise InvalidRequestError(f"span time {str(ns)[:30]} ns is not an unsigned 64-bit integer")
+    return ns / 1e9
 
 
 def _json_or_text(value: str) -> Any:
@@ -235,32 +241,51 @@ def spans_from_json(body: bytes) -> tuple[list[Span], int]:
                         dropped += 1
                     else:
                         spans.append(span)
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as err:
         raise InvalidRequestError(f"not an OTLP/JSON trace export: {type(err).__name__}: {err}") from None
+    except RecursionError:
+        raise InvalidRequestError("not an OTLP/JSON trace export: nested too deeply") from None
     return spans, dropped
 
 
 # -- the receiver -------------------------------------------------------------------------------
 
 
-def _decompress(body: bytes, encoding: str | None) -> bytes:
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def _decompress(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
+    """The body, decompressed by streaming: PayloadTooLargeError past `max_bytes` (a zip bomb
+    never takes more memory than the limit)."""
     encoding = (encoding or "").strip().lower()
-    try:
-        if encoding == "gzip":
-            return gzip.decompress(body)
-        if encoding == "deflate":
-            return zlib.decompress(body)
-    except (OSError, zlib.error) as err:
-        raise InvalidRequestError(f"cannot decompress the {encoding} body: {err}") from None
-    if encoding not in ("", "identity"):
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in _WBITS:
         raise InvalidRequestError(f"unsupported Content-Encoding {encoding!r}")
-    return body
+    inflater = zlib.decompressobj(_WBITS[encoding])
+    try:
+        data = inflater.decompress(body, max_bytes + 1)
+        if len(data) <= max_bytes and not inflater.eof:
+            data += inflater.flush()
+    except zlib.error as err:
+        raise InvalidRequestError(f"cannot decompress the {encoding} body: {err}") from None
+    if len(data) > max_bytes or inflater.unconsumed_tail:
+        raise PayloadTooLargeError(f"the {encoding} body decompresses past the limit of {max_bytes} bytes")
+    if not inflater.eof:
+        raise InvalidRequestError(f"cannot decompress the {encoding} body: it ends early")
+    return data
 
 
 async def receive_traces(
-    store: Store, body: bytes, content_type: str | None, content_encoding: str | None = None
+    store: Store,
+    body: bytes,
+    content_type: str | None,
+    content_encoding: str | None = None,
+    *,
+    max_bytes: int,
 ) -> tuple[bytes, str]:
     """Store the spans of an OTLP/HTTP trace export; returns (answer body, its media type).
+    A compressed body may decompress to `max_bytes` at most (PayloadTooLargeError beyond).
 
     Spans without rollout/attempt ids, or of attempts the store does not know, are rejected and
     counted in the answer's partial success (the rest are stored)."""
@@ -268,7 +293,7 @@ async def receive_traces(
     is_json = media == "application/json"
     if not is_json and media not in ("application/x-protobuf", "application/protobuf", ""):
         raise InvalidRequestError(f"unsupported Content-Type {content_type!r}: send application/x-protobuf or JSON")
-    data = _decompress(body, content_encoding)
+    data = _decompress(body, content_encoding, max_bytes)
     spans, rejected = spans_from_json(data) if is_json else spans_from_protobuf(data)
     messages: list[str] = []
     if rejected:

@@ -18,13 +18,15 @@ from typing import Any
 
 import fastapi
 import orjson
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
 from alight.errors import AlightError, ConfigError, ForbiddenError, InvalidRequestError, StoreError, one_line
-from alight.serving.app import DEFAULT_MAX_BODY_BYTES, Endpoint, Handler, ServerApp
+from alight.serving.app import DEFAULT_MAX_BODY_BYTES, Endpoint, Handler, ServerApp, unless_disconnected
 from alight.serving.auth import RUNNER_HEADER, check_bind
 from alight.serving.background import BackgroundServer
+from alight.serving.openapi import Operation
 from alight.store import wire
 from alight.store.base import ALL_ATTEMPTS, Store
 from alight.store.columns import MEDIA_TYPE as COLUMNS_MEDIA_TYPE
@@ -32,7 +34,7 @@ from alight.store.columns import encode_columns, gc_paused
 from alight.store.otlp import receive_traces  # opentelemetry-proto loads on the first request
 from alight.store.scopes import RunnerScopes, without_secrets
 from alight.store.wire import IDEMPOTENCY_HEADER
-from alight.types import ResourceSet
+from alight.types import ResourceSet, RolloutMode, RolloutStatus
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,23 @@ class _Remembered:
 
 # -- the app ----------------------------------------------------------------------------------
 
+_STATUS_NAMES: dict[str, Any] = {"type": "string", "enum": [status.value for status in RolloutStatus]}
+_LIST_QUERY: dict[str, dict[str, Any]] = {
+    "status": {"type": "array", "items": _STATUS_NAMES},
+    "ids": {"type": "array", "items": {"type": "string"}},
+    "mode": {"type": "string", "enum": [mode.value for mode in RolloutMode]},
+    "group_id": {"type": "string"},
+    "limit": {"type": "integer", "minimum": 0},
+    "offset": {"type": "integer", "minimum": 0},
+}
+_SPANS_QUERY: dict[str, dict[str, Any]] = {"attempt_id": {"type": "string"}}
+
+
+class OtlpTracesBody(BaseModel):
+    """OTLP/JSON `ExportTraceServiceRequest` (protobuf is accepted too, as application/x-protobuf)."""
+
+    resourceSpans: list[dict[str, Any]] = []  # OTLP's own field name
+
 
 def create_app(
     store: Store,
@@ -88,11 +107,13 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     watchdog_interval_s: float | None = 1.0,
     token: str | None = None,
+    max_wait_s: float = wire.MAX_WAIT_S,
 ) -> fastapi.FastAPI:
     """The store's HTTP app. A lifespan task runs `store.reap_timed_out()` every
-    `watchdog_interval_s` seconds (None: never). The app does not close the store. With `token`,
-    every route but /health needs it (`alight.serving.auth`); runner scopes and secret redaction:
-    `alight.store.scopes`."""
+    `watchdog_interval_s` seconds (None: never). `/store/wait` holds a request at most
+    `max_wait_s` seconds, and not past its client's disconnect. The app does not close the store.
+    With `token`, every route but /health needs it (`alight.serving.auth`); runner scopes and
+    secret redaction: `alight.store.scopes`."""
 
     @contextlib.asynccontextmanager
     async def watchdog() -> AsyncIterator[None]:
@@ -124,9 +145,21 @@ def create_app(
     def readable(resources: ResourceSet | None, request: Request) -> ResourceSet | None:
         return resources if server.authenticated(request) else without_secrets(resources)
 
-    def route(path: str, method: str, handler: Handler, *, idempotent: bool = False) -> None:
+    operations: list[Operation] = []
+
+    def route(
+        path: str,
+        method: str,
+        handler: Handler,
+        summary: str,
+        body_model: type[BaseModel] | None = None,
+        *,
+        query: dict[str, dict[str, Any]] | None = None,
+        idempotent: bool = False,
+    ) -> None:
         endpoint = server.guard(handler)
         server.app.add_route(path, remembered.wrap(endpoint) if idempotent else endpoint, methods=[method])
+        operations.append(Operation(path, method, summary, body_model, query or {}))
 
     body = server.body
 
@@ -246,7 +279,8 @@ def create_app(
 
     async def wait(request: Request) -> bytes:
         parsed = wire.parse_body(wire.WaitBody, await body(request))
-        return wire.ROLLOUTS.dump_json(await store.wait_for_rollouts(parsed.rollout_ids, parsed.timeout))
+        waiting = store.wait_for_rollouts(parsed.rollout_ids, min(parsed.timeout, max_wait_s))
+        return wire.ROLLOUTS.dump_json(await unless_disconnected(request, waiting))
 
     # -- resources ------------------------------------------------------------------------
     async def add_resources(request: Request) -> bytes:
@@ -262,6 +296,8 @@ def create_app(
             number = int(version)
         except ValueError:
             raise InvalidRequestError(f"resources version must be an integer, got {version!r}") from None
+        if not -(2**63) <= number < 2**63:
+            raise InvalidRequestError(f"resources version {version} is out of range") from None
         resources = await store.get_resources(number)
         return wire.RESOURCE_SET.dump_json(resources if server.authenticated(request) else without_secrets(resources))
 
@@ -277,36 +313,42 @@ def create_app(
     async def otlp_traces(request: Request) -> Response:
         try:
             answer, media_type = await receive_traces(
-                store, await body(request), request.headers.get("content-type"), request.headers.get("content-encoding")
+                store,
+                await body(request),
+                request.headers.get("content-type"),
+                request.headers.get("content-encoding"),
+                max_bytes=max_body_bytes,
             )
         except InvalidRequestError as err:  # OTLP/HTTP answers a bad export with 400, not 422
             return server.error(400, err.code, str(err))
         return Response(answer, media_type=media_type)
 
-    route("/store/enqueue", "POST", enqueue)
-    route("/store/dequeue", "POST", dequeue)
-    route("/store/attempts/{attempt_id}", "GET", get_attempt)
-    route("/store/attempts/{attempt_id}/start", "POST", start_attempt)
-    route("/store/attempts/{attempt_id}/heartbeat", "POST", heartbeat)
-    route("/store/attempts/{attempt_id}/finish", "POST", finish_attempt)
-    route("/store/rollouts/{rollout_id}/finish", "POST", finish_rollout)
-    route("/store/spans", "POST", add_spans, idempotent=True)
-    route("/store/rollouts", "GET", list_rollouts)
-    route("/store/rollouts/query", "POST", query_rollouts)
-    route("/store/rollouts/{rollout_id}", "GET", get_rollout)
-    route("/store/rollouts/{rollout_id}/attempts", "GET", list_attempts)
-    route("/store/rollouts/{rollout_id}/spans", "GET", query_spans)
-    route("/store/wait", "POST", wait)
-    route("/store/bulk/rollouts", "POST", bulk_rollouts)
-    route("/store/bulk/spans", "POST", bulk_spans)
-    route("/store/bulk/columns", "POST", bulk_columns)
-    route("/store/resources", "POST", add_resources, idempotent=True)
-    route("/store/resources/latest", "GET", latest_resources)
-    route("/store/resources/{version}", "GET", get_resources)
-    route("/store/counts", "GET", counts)
-    route("/store/reap", "POST", reap, idempotent=True)
-    route("/health", "GET", health)
-    route("/v1/traces", "POST", otlp_traces)
+    W = wire
+    route("/store/enqueue", "POST", enqueue, "enqueue rollouts", W.EnqueueBody)
+    route("/store/dequeue", "POST", dequeue, "claim the next rollout", W.DequeueBody)
+    route("/store/attempts/{attempt_id}", "GET", get_attempt, "an attempt")
+    route("/store/attempts/{attempt_id}/start", "POST", start_attempt, "mark an attempt running")
+    route("/store/attempts/{attempt_id}/heartbeat", "POST", heartbeat, "an attempt's heartbeat")
+    route("/store/attempts/{attempt_id}/finish", "POST", finish_attempt, "end an attempt", W.FinishAttemptBody)
+    route("/store/rollouts/{rollout_id}/finish", "POST", finish_rollout, "end a rollout", W.FinishRolloutBody)
+    route("/store/spans", "POST", add_spans, "add spans", W.SpansBody, idempotent=True)
+    route("/store/rollouts", "GET", list_rollouts, "list rollouts", query=_LIST_QUERY)
+    route("/store/rollouts/query", "POST", query_rollouts, "list rollouts", W.QueryBody)
+    route("/store/rollouts/{rollout_id}", "GET", get_rollout, "a rollout")
+    route("/store/rollouts/{rollout_id}/attempts", "GET", list_attempts, "a rollout's attempts")
+    route("/store/rollouts/{rollout_id}/spans", "GET", query_spans, "a rollout's spans", query=_SPANS_QUERY)
+    route("/store/wait", "POST", wait, "wait for rollouts to end", W.WaitBody)
+    route("/store/bulk/rollouts", "POST", bulk_rollouts, "rollouts as dicts", W.BulkReadBody)
+    route("/store/bulk/spans", "POST", bulk_spans, "spans as dicts", W.BulkReadBody)
+    route("/store/bulk/columns", "POST", bulk_columns, "LLM spans as columns", W.BulkReadBody)
+    route("/store/resources", "POST", add_resources, "publish resources", W.ResourcesBody, idempotent=True)
+    route("/store/resources/latest", "GET", latest_resources, "the latest resources")
+    route("/store/resources/{version}", "GET", get_resources, "resources by version")
+    route("/store/counts", "GET", counts, "rollouts by status")
+    route("/store/reap", "POST", reap, "time out silent attempts", W.ReapBody, idempotent=True)
+    route("/health", "GET", health, "health")
+    route("/v1/traces", "POST", otlp_traces, "OTLP/HTTP trace export (protobuf or JSON)", OtlpTracesBody)
+    server.serve_openapi(operations)
     return server.app
 
 
@@ -346,9 +388,16 @@ class StoreServer(BackgroundServer):
         watchdog_interval_s: float | None = 1.0,
         token: str | None = None,
         insecure: bool = False,
+        max_wait_s: float = wire.MAX_WAIT_S,
     ) -> None:
         check_bind(host, token, insecure=insecure, what=self.what)
-        app = create_app(store, max_body_bytes=max_body_bytes, watchdog_interval_s=watchdog_interval_s, token=token)
+        app = create_app(
+            store,
+            max_body_bytes=max_body_bytes,
+            watchdog_interval_s=watchdog_interval_s,
+            token=token,
+            max_wait_s=max_wait_s,
+        )
         super().__init__(app, host=host, port=port)
         self.store = store
 

@@ -27,7 +27,7 @@ from alight.errors import NotFoundError, StoreError
 from alight.store import lifecycle, sqlite_bulk, sqlite_columns
 from alight.store.base import EndSignal, Store, all_status_counts, wait_until_ended
 from alight.store.columns import LLMColumns
-from alight.store.sqlite_schema import SCHEMA, check_schema, insert_spans, restore_attributes, span_row
+from alight.store.sqlite_schema import SCHEMA, check_schema, insert_spans, read_row, restore_attributes, span_row
 from alight.types import (
     Attempt,
     AttemptStatus,
@@ -115,7 +115,7 @@ class SqliteStore(Store):
         row = self._db.execute("SELECT data FROM rollouts WHERE rollout_id = ?", (rollout_id,)).fetchone()
         if row is None:
             raise NotFoundError(f"unknown rollout {rollout_id!r}")
-        return Rollout.model_validate_json(row[0])
+        return read_row(Rollout, row[0])
 
     def _attempt(self, attempt_id: str) -> Attempt:
         row = self._db.execute("SELECT data FROM attempts WHERE attempt_id = ?", (attempt_id,)).fetchone()
@@ -172,9 +172,7 @@ class SqliteStore(Store):
             ).fetchone()
             if row is None:
                 return None
-            rollout, attempt = lifecycle.claim(
-                Rollout.model_validate_json(row[0]), attempt_id or new_id("at"), worker_id, now()
-            )
+            rollout, attempt = lifecycle.claim(read_row(Rollout, row[0]), attempt_id or new_id("at"), worker_id, now())
             self._put_rollout(rollout)
             self._put_attempt(attempt)
             return Claim(rollout=rollout, attempt=attempt)
@@ -276,7 +274,7 @@ class SqliteStore(Store):
                 (aid,),
             )
             for seq, data, *blobs in rows:
-                span = Span.model_validate_json(data)
+                span = read_row(Span, data)
                 span.sequence_id = seq
                 if blobs != [None, None, None]:
                     restore_attributes(span.attributes, tuple(blobs))
@@ -330,7 +328,7 @@ class SqliteStore(Store):
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY seq LIMIT ? OFFSET ?"
         rows = self._db.execute(sql, (*params, -1 if limit is None else limit, offset))
-        return [Rollout.model_validate_json(r[0]) for r in rows]
+        return [read_row(Rollout, r[0]) for r in rows]
 
     async def get_attempt(self, attempt_id: str) -> Attempt:
         return self._attempt(attempt_id)
@@ -350,7 +348,7 @@ class SqliteStore(Store):
                 " AND status IN (SELECT value FROM json_each(?)) ORDER BY seq",
                 (orjson.dumps(list(ids)).decode(), orjson.dumps(_TERMINAL).decode()),
             )
-            return [Rollout.model_validate_json(r[0]) for r in rows]
+            return [read_row(Rollout, r[0]) for r in rows]
 
         return await wait_until_ended(ended, rollout_ids, timeout, self._ended, poll_s=self._poll_s)
 

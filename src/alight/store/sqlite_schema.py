@@ -13,15 +13,43 @@ was written.
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 import sqlite3
 import sys
 from array import array
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from alight.errors import StoreError
 from alight.semconv import AGENT_NAME
 from alight.store.columns import ID_ATTRIBUTES, TYPECODES, pack
 from alight.types import Span, SpanKind
+
+logger = logging.getLogger(__name__)
+_M = TypeVar("_M", bound=BaseModel)
+# Required float fields a non-finite number may have emptied (pydantic writes NaN as null).
+_TIME_DEFAULTS = {"start_time": 0.0, "created_at": 0.0, "claimed_at": 0.0, "last_heartbeat_at": 0.0}
+
+
+def read_row(model: type[_M], data: str | bytes) -> _M:
+    """A stored row's JSON as `model`. A row written before non-finite numbers were refused (a NaN
+    stored as NaN or null) still reads: such a number reads as null, or 0.0 where one is required."""
+    try:
+        return model.model_validate_json(data)
+    except ValidationError:
+        raw = json.loads(data)  # the standard parser reads NaN and Infinity
+        if not isinstance(raw, dict):
+            raise
+        fixed = {key: None if isinstance(v, float) and not math.isfinite(v) else v for key, v in raw.items()}
+        for key, default in _TIME_DEFAULTS.items():
+            if key in fixed and fixed[key] is None:
+                fixed[key] = default
+        logger.warning("store: a stored %s had a non-finite number; read as null", model.__name__)
+        return model.model_validate(fixed)
+
 
 #: Version 2 added the binary id columns and the scalar span columns; version 1 files migrate in place.
 SCHEMA_VERSION = 2

@@ -31,6 +31,7 @@ from alight.types import (
     RolloutMode,
     RolloutStatus,
     Span,
+    StoreInt,
 )
 
 #: Header naming a write whose answer the server remembers, so a retried write is not applied twice.
@@ -49,8 +50,12 @@ MAYBE_RESOURCE_SET: TypeAdapter[ResourceSet | None] = TypeAdapter(ResourceSet | 
 # -- request bodies ---------------------------------------------------------------------------
 
 
+#: The longest a `/store/wait` request is held (seconds); a longer timeout returns after it.
+MAX_WAIT_S = 300.0
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class EnqueueBody(_Body):
@@ -77,7 +82,7 @@ class SpansBody(_Body):
     spans: list[Span]
     # Sizes of consecutive slices of `spans` written as separate `add_spans` calls, each with its
     # own count or error in the answer: the client coalesces concurrent callers into one request.
-    groups: list[Annotated[int, Field(ge=0)]] | None = None
+    groups: list[Annotated[StoreInt, Field(ge=0)]] | None = None
 
 
 class QueryBody(_Body):
@@ -85,13 +90,13 @@ class QueryBody(_Body):
     ids: list[str] | None = None
     mode: RolloutMode | None = None
     group_id: str | None = None
-    limit: int | None = Field(default=None, ge=0)
-    offset: int = Field(default=0, ge=0)
+    limit: StoreInt | None = Field(default=None, ge=0)
+    offset: StoreInt = Field(default=0, ge=0)
 
 
 class WaitBody(_Body):
     rollout_ids: list[str]
-    timeout: float = Field(ge=0)
+    timeout: float = Field(ge=0)  # held at most `MAX_WAIT_S` (the server's `max_wait_s`)
 
 
 class ResourcesBody(_Body):
