@@ -7,8 +7,7 @@ from collections.abc import Mapping, Sequence
 from alight.errors import NotFoundError
 from alight.store import lifecycle
 from alight.store.base import EndSignal, Store, all_status_counts, wait_until_ended
-from alight.store.wire import ATTEMPTS
-from alight.store.write_ids import MemoryWriteIds, WriteIdLimits
+from alight.store.write_ids import MemoryWriteIds, WriteIdLimits, attempts_from_json, attempts_json
 from alight.types import (
     Attempt,
     AttemptStatus,
@@ -240,7 +239,7 @@ class MemoryStore(Store):
     async def reap_timed_out(self, at: float | None = None, *, write_id: str | None = None) -> list[Attempt]:
         known = self._write_ids.recall(write_id, "reap")
         if known is not None:
-            return ATTEMPTS.validate_json(known)
+            return attempts_from_json(known)
         at = now() if at is None else at
         expired = [a for a in map(self._attempts.__getitem__, self._live) if a.expired(at)]
         reaped = []
@@ -249,5 +248,5 @@ class MemoryStore(Store):
             self._save_attempt(ended)
             self._save_rollout(rollout)
             reaped.append(ended)
-        self._write_ids.remember(write_id, "reap", ATTEMPTS.dump_json(reaped).decode())
+        self._write_ids.remember(write_id, "reap", attempts_json(reaped))
         return reaped

@@ -31,8 +31,7 @@ from alight.store import lifecycle, sqlite_bulk, sqlite_columns
 from alight.store.base import EndSignal, Store, all_status_counts, wait_until_ended
 from alight.store.columns import LLMColumns
 from alight.store.sqlite_schema import SCHEMA, check_schema, insert_spans, restore_attributes, span_row
-from alight.store.wire import ATTEMPTS
-from alight.store.write_ids import SqliteWriteIds, WriteIdLimits
+from alight.store.write_ids import SqliteWriteIds, WriteIdLimits, attempts_from_json, attempts_json
 from alight.types import (
     Attempt,
     AttemptStatus,
@@ -389,14 +388,14 @@ class SqliteStore(Store):
         with self._write() as db:
             known = self._write_ids.recall(db, write_id, "reap")
             if known is not None:
-                return ATTEMPTS.validate_json(known)
+                return attempts_from_json(known)
             for attempt in self._live_attempts():
                 if attempt.expired(at):
                     rollout, ended = lifecycle.expire(self._rollout(attempt.rollout_id), attempt, at)
                     self._put_attempt(ended)
                     self._put_rollout(rollout)
                     reaped.append(ended)
-            self._write_ids.remember(db, write_id, "reap", ATTEMPTS.dump_json(reaped).decode())
+            self._write_ids.remember(db, write_id, "reap", attempts_json(reaped))
         return reaped
 
     async def close(self) -> None:

@@ -15,12 +15,18 @@ The record is bounded: ids older than `retention_s` (default 24 hours) are dropp
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import orjson
 
 from alight.errors import InvalidRequestError
+from alight.types import Attempt
+
+if TYPE_CHECKING:
+    import sqlite3
 
 #: Keep a write id this long (seconds) ...
 DEFAULT_RETENTION_S = 24 * 3600.0
@@ -36,6 +42,15 @@ class WriteIdLimits:
 
     retention_s: float = DEFAULT_RETENTION_S  # seconds a write id is remembered
     max_ids: int = DEFAULT_MAX_IDS  # write ids remembered at most, the oldest dropped first
+
+
+def attempts_json(attempts: list[Attempt]) -> str:
+    """A reap's answer as recorded (`attempts_from_json` reads it back)."""
+    return orjson.dumps([a.model_dump(mode="json") for a in attempts]).decode()
+
+
+def attempts_from_json(answer: str) -> list[Attempt]:
+    return [Attempt.model_validate(a) for a in orjson.loads(answer)]
 
 
 def _checked(write_id: str, kind: str, found_kind: str) -> None:
