@@ -23,7 +23,7 @@ from alight.store.sqlite import SqliteStore
 from alight.store.sqlite_schema import SCHEMA_VERSION
 from alight.store.wire import IDEMPOTENCY_HEADER
 from alight.store.write_ids import WriteIdLimits
-from alight.types import LLMResource, Resource, Rollout, Task
+from alight.types import AttemptStatus, LLMResource, Resource, Rollout, RolloutStatus, Task
 
 pytestmark = pytest.mark.anyio
 
@@ -67,28 +67,34 @@ def _local(kind: str, tmp_path: Path, limits: WriteIdLimits) -> Store:
     return MemoryStore(write_ids=limits) if kind == "memory" else SqliteStore(tmp_path / "s.db", write_ids=limits)
 
 
+async def _pruned(store: Store, tmp_path: Path, limits: WriteIdLimits) -> Store:
+    """The store after its record was pruned: SQLite prunes on open (and every 1024 writes), so
+    it is reopened; the memory store prunes on every write."""
+    if isinstance(store, MemoryStore):
+        return store
+    await store.close()
+    return SqliteStore(tmp_path / "s.db", write_ids=limits)
+
+
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
 async def test_write_ids_are_bounded_by_count(kind: str, tmp_path: Path) -> None:
     limits = WriteIdLimits(max_ids=3)
     store = _local(kind, tmp_path, limits)
-    async with store:
-        for i in range(5):
-            await store.add_resources(_llm(str(i)), write_id=f"w{i}")
-        if isinstance(store, SqliteStore):
-            store._write_ids.prune(store._db)  # SQLite prunes every 1024 writes and on open
+    for i in range(5):
+        await store.add_resources(_llm(str(i)), write_id=f"w{i}")
+    async with await _pruned(store, tmp_path, limits) as store:
         assert (await store.add_resources(_llm("x"), write_id="w4")).version == 5  # kept: recalled
         assert (await store.add_resources(_llm("x"), write_id="w0")).version == 6  # forgotten: applied
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
 async def test_write_ids_are_bounded_by_age(kind: str, tmp_path: Path) -> None:
-    limits = WriteIdLimits(retention_s=0.0)
+    limits = WriteIdLimits(retention_s=0.05)
     store = _local(kind, tmp_path, limits)
-    async with store:
-        await store.add_resources(_llm("a"), write_id="old")
-        time.sleep(0.01)
-        if isinstance(store, SqliteStore):
-            store._write_ids.prune(store._db)
+    await store.add_resources(_llm("a"), write_id="old")
+    assert (await store.add_resources(_llm("a"), write_id="old")).version == 1  # still young
+    time.sleep(0.1)
+    async with await _pruned(store, tmp_path, limits) as store:
         assert (await store.add_resources(_llm("a"), write_id="old")).version == 2
 
 
@@ -168,3 +174,25 @@ async def test_a_resource_write_retried_after_a_sigkill_restart_is_stored_once(
         assert (await client.add_resources(_llm("policy-v2"), write_id="rq-client")) == published
     with sqlite3.connect(db) as raw:
         assert raw.execute("SELECT COUNT(*) FROM resources").fetchone()[0] == 2
+
+
+async def test_queue_writes_retried_after_a_restart_are_applied_once_by_their_own_ids(tmp_path: Path) -> None:
+    """Enqueue, dequeue and finish carry no write id: their own ids make a retry after a restart safe."""
+    db = tmp_path / "store.db"
+    rollout = Rollout(rollout_id="r1", task=Task(input="x"), max_attempts=3)
+    async with SqliteStore(db) as store:
+        await store.enqueue([rollout])
+        claim = await store.dequeue("w", attempt_id="at-1")
+        assert claim is not None
+        await store.enqueue([Rollout(rollout_id="r2", task=Task(input="y"))])
+        done = await store.dequeue("w", attempt_id="at-2")
+        assert done is not None
+        finished = await store.finish_attempt("at-2", AttemptStatus.SUCCEEDED, reward=1.0)
+    async with SqliteStore(db) as store:  # the restart: at-1 was live, so it is timed out and r1 requeued
+        assert (await store.enqueue([rollout]))[0].status is RolloutStatus.QUEUING
+        again = await store.dequeue("w", attempt_id="at-1")  # the same claim back, not a second attempt
+        assert again is not None and again.attempt.attempt_id == "at-1"
+        assert again.attempt.status is AttemptStatus.TIMEOUT
+        assert [a.attempt_id for a in await store.list_attempts("r1")] == ["at-1"]
+        assert await store.finish_attempt("at-2", AttemptStatus.SUCCEEDED, reward=1.0) == finished
+        assert len(await store.list_rollouts()) == 2
