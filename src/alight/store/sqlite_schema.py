@@ -23,8 +23,8 @@ from alight.semconv import AGENT_NAME
 from alight.store.columns import ID_ATTRIBUTES, TYPECODES, pack
 from alight.types import Span, SpanKind
 
-#: Version 2 added the binary id columns and the scalar span columns; version 3 the `write_ids` table
-#: (`alight.store.write_ids`). Version 1 and 2 files migrate in place.
+#: Version 2 added the binary id columns and the scalar span columns; version 1 files migrate in place.
+#: Version 3 added the `write_ids` table (`alight.store.write_ids`); version 2 files migrate in place.
 SCHEMA_VERSION = 3
 
 SCHEMA = """
