@@ -20,9 +20,11 @@ Metrics (case `<clients>_clients`):
   server_rss_mb    resident memory of the server process at the end (VmRSS from /proc)
   server_peak_rss_mb     its peak (VmHWM)
 
-Tokens: `--token T` starts the server with `--token T` and gives every client `token=T`. Until the
-store's authentication lands, both are detected (`inspect` on `StoreClient` and on the `alight store`
-command); where either lacks a `token` parameter, `--token` stops with a one-line message.
+Tokens: `--token T` starts the server with `ALIGHT_TOKEN=T` (what `alight store --token` reads) and
+gives every client `token=T`; each runner also gives its `runner_id` where `StoreClient` takes one
+(runner scopes). Until the store's authentication lands, both are detected (`inspect` on
+`StoreClient` and on the `alight store` command); where either lacks a `token` parameter, `--token`
+stops with a one-line message.
 
 Usage: python benchmarks/load_bench.py [--json] [--seconds 60] [--clients 64] [--processes 4] [--token T]
 """
@@ -120,18 +122,19 @@ class _Runner:
         self.cycles += 1
 
 
-def _client(url: str, token: str | None) -> Store:
+def _client(url: str, token: str | None, runner_id: str | None = None) -> Store:
+    """A StoreClient with the token, and for a runner its id where StoreClient takes one (runner scopes)."""
     from alight.store.client import StoreClient
 
-    if token is None:
-        return StoreClient(url)
-    return StoreClient(url, token=token)  # type: ignore[call-arg]  # once authentication lands
+    takes = inspect.signature(StoreClient).parameters
+    options = {"token": token, "runner_id": runner_id}
+    return StoreClient(url, **{k: v for k, v in options.items() if v is not None and k in takes})
 
 
 def _client_process(url: str, token: str | None, names: list[str], seconds: float, barrier: Any, out: Any) -> None:
     latencies: array[float] = array("d")
     errors: list[str] = []
-    runners = [_Runner(_client(url, token), name, latencies, errors) for name in names]
+    runners = [_Runner(_client(url, token, name), name, latencies, errors) for name in names]
     barrier.wait()
 
     async def run() -> None:
@@ -176,9 +179,11 @@ def _start_server(db: Path, token: str | None) -> tuple[subprocess.Popen[bytes],
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
     command = [sys.executable, "-m", "alight", "store", "--db", str(db), "--port", str(port)]
+    env = dict(os.environ)
+    env.pop("ALIGHT_TOKEN", None)
     if token is not None:
-        command += ["--token", token]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env["ALIGHT_TOKEN"] = token  # what --token reads by default; kept out of `ps`
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:

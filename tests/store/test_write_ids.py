@@ -64,7 +64,9 @@ async def test_a_write_id_used_by_another_kind_of_write_is_refused(store: Store)
 
 
 def _local(kind: str, tmp_path: Path, limits: WriteIdLimits) -> Store:
-    return MemoryStore(write_ids=limits) if kind == "memory" else SqliteStore(tmp_path / "s.db", write_ids=limits)
+    if kind == "memory":
+        return MemoryStore(write_id_limits=limits)
+    return SqliteStore(tmp_path / "s.db", write_id_limits=limits)
 
 
 async def _pruned(store: Store, tmp_path: Path, limits: WriteIdLimits) -> Store:
@@ -73,7 +75,7 @@ async def _pruned(store: Store, tmp_path: Path, limits: WriteIdLimits) -> Store:
     if isinstance(store, MemoryStore):
         return store
     await store.close()
-    return SqliteStore(tmp_path / "s.db", write_ids=limits)
+    return SqliteStore(tmp_path / "s.db", write_id_limits=limits)
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])

@@ -27,7 +27,7 @@ class MemoryStore(Store):
     """Every record in dicts. Methods never await between reading and writing, so each
     operation is atomic on its event loop."""
 
-    def __init__(self, *, write_ids: WriteIdLimits | None = None) -> None:
+    def __init__(self, *, write_id_limits: WriteIdLimits | None = None) -> None:
         self._rollouts: dict[str, Rollout] = {}  # insertion order is enqueue order
         self._seq: dict[str, int] = {}  # rollout id -> enqueue position
         self._queue: dict[str, None] = {}  # queuing rollout ids, oldest first
@@ -38,7 +38,7 @@ class MemoryStore(Store):
         self._last_seq: dict[str, int] = {}  # attempt_id -> highest span sequence id
         self._resources: list[ResourceSet] = []
         self._ended = EndSignal()
-        self._write_ids = MemoryWriteIds(write_ids or WriteIdLimits())
+        self._write_ids = MemoryWriteIds(write_id_limits or WriteIdLimits())
 
     # -- records ----------------------------------------------------------------------------
     def _rollout(self, rollout_id: str) -> Rollout:

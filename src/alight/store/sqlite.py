@@ -27,11 +27,10 @@ from typing import Any, Literal
 import orjson
 
 from alight.errors import NotFoundError, StoreError
-from alight.store import lifecycle, sqlite_bulk, sqlite_columns
+from alight.store import lifecycle, sqlite_bulk, sqlite_columns, write_ids
 from alight.store.base import EndSignal, Store, all_status_counts, wait_until_ended
 from alight.store.columns import LLMColumns
 from alight.store.sqlite_schema import SCHEMA, check_schema, insert_spans, restore_attributes, span_row
-from alight.store.write_ids import SqliteWriteIds, WriteIdLimits, attempts_from_json, attempts_json
 from alight.types import (
     Attempt,
     AttemptStatus,
@@ -62,7 +61,7 @@ class SqliteStore(Store):
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
         busy_timeout_s: float = 60.0,
         poll_s: float = 0.1,
-        write_ids: WriteIdLimits | None = None,
+        write_id_limits: write_ids.WriteIdLimits | None = None,
     ) -> None:
         self.path = Path(path)
         self._poll_s = poll_s
@@ -79,7 +78,7 @@ class SqliteStore(Store):
             self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         except (OSError, sqlite3.Error) as err:
             raise StoreError(f"cannot open store {self.path}: {err}") from None
-        self._write_ids = SqliteWriteIds(write_ids or WriteIdLimits())
+        self._write_ids = write_ids.SqliteWriteIds(write_id_limits or write_ids.WriteIdLimits())
         with self._write() as db:
             check_schema(db, self.path)
             self._write_ids.prune(db)
@@ -388,14 +387,14 @@ class SqliteStore(Store):
         with self._write() as db:
             known = self._write_ids.recall(db, write_id, "reap")
             if known is not None:
-                return attempts_from_json(known)
+                return write_ids.attempts_from_json(known)
             for attempt in self._live_attempts():
                 if attempt.expired(at):
                     rollout, ended = lifecycle.expire(self._rollout(attempt.rollout_id), attempt, at)
                     self._put_attempt(ended)
                     self._put_rollout(rollout)
                     reaped.append(ended)
-            self._write_ids.remember(db, write_id, "reap", attempts_json(reaped))
+            self._write_ids.remember(db, write_id, "reap", write_ids.attempts_json(reaped))
         return reaped
 
     async def close(self) -> None:
