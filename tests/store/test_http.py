@@ -190,11 +190,11 @@ class FaultyStore(MemoryStore):
     async def count_by_status(self) -> dict[RolloutStatus, int]:
         raise RuntimeError("boom\nwith a second line")
 
-    async def reap_timed_out(self, at: float | None = None) -> list[Attempt]:
+    async def reap_timed_out(self, at: float | None = None, *, write_id: str | None = None) -> list[Attempt]:
         self.reaps += 1
         if self.reaps == 1:
             raise RuntimeError("the watchdog trips once")
-        return await super().reap_timed_out(at)
+        return await super().reap_timed_out(at, write_id=write_id)
 
 
 async def test_unexpected_errors_are_500_and_the_server_keeps_going(caplog: pytest.LogCaptureFixture) -> None:

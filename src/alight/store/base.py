@@ -160,8 +160,9 @@ class Store(abc.ABC):
 
     # -- resources --------------------------------------------------------------------------
     @abc.abstractmethod
-    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourceSet:
-        """Publish a new resource set; its version is one above the latest."""
+    async def add_resources(self, resources: Mapping[str, Resource], *, write_id: str | None = None) -> ResourceSet:
+        """Publish a new resource set; its version is one above the latest. A `write_id` already
+        seen returns the set that write published and publishes nothing (`alight.store.write_ids`)."""
 
     @abc.abstractmethod
     async def get_latest_resources(self) -> ResourceSet | None:
@@ -173,10 +174,11 @@ class Store(abc.ABC):
 
     # -- upkeep -----------------------------------------------------------------------------
     @abc.abstractmethod
-    async def reap_timed_out(self, at: float | None = None) -> list[Attempt]:
+    async def reap_timed_out(self, at: float | None = None, *, write_id: str | None = None) -> list[Attempt]:
         """Watchdog: time out live attempts whose heartbeat or time limit has passed (at `at`,
         default now) and requeue their rollouts while attempts remain. Returns those attempts, in
-        the order they were claimed."""
+        the order they were claimed. A `write_id` already seen returns that reap's answer and
+        reaps nothing."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most stores have nothing to close
         """Release connections and files."""

@@ -321,9 +321,9 @@ class StoreClient(Store):
         return wire.ROLLOUTS.validate_json(raw)
 
     # -- resources ------------------------------------------------------------------------
-    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourceSet:
+    async def add_resources(self, resources: Mapping[str, Resource], *, write_id: str | None = None) -> ResourceSet:
         body = b'{"resources":' + wire.RESOURCES.dump_json(dict(resources)) + b"}"
-        raw = await self._call("POST", "/store/resources", body, idempotency_key=new_id("rq"))
+        raw = await self._call("POST", "/store/resources", body, idempotency_key=write_id or new_id("rq"))
         return wire.RESOURCE_SET.validate_json(raw)
 
     async def get_latest_resources(self) -> ResourceSet | None:
@@ -333,8 +333,9 @@ class StoreClient(Store):
         return wire.RESOURCE_SET.validate_json(await self._call("GET", f"/store/resources/{int(version)}"))
 
     # -- upkeep ---------------------------------------------------------------------------
-    async def reap_timed_out(self, at: float | None = None) -> list[Attempt]:
-        raw = await self._call("POST", "/store/reap", orjson.dumps({"at": at}), idempotency_key=new_id("rq"))
+    async def reap_timed_out(self, at: float | None = None, *, write_id: str | None = None) -> list[Attempt]:
+        body = orjson.dumps({"at": at})
+        raw = await self._call("POST", "/store/reap", body, idempotency_key=write_id or new_id("rq"))
         return wire.ATTEMPTS.validate_json(raw)
 
     async def close(self) -> None:

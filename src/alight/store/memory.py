@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from alight.errors import NotFoundError
 from alight.store import lifecycle
 from alight.store.base import EndSignal, Store, all_status_counts, wait_until_ended
+from alight.store.write_ids import MemoryWriteIds, WriteIdLimits, attempts_from_json, attempts_json
 from alight.types import (
     Attempt,
     AttemptStatus,
@@ -26,7 +27,7 @@ class MemoryStore(Store):
     """Every record in dicts. Methods never await between reading and writing, so each
     operation is atomic on its event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, write_id_limits: WriteIdLimits | None = None) -> None:
         self._rollouts: dict[str, Rollout] = {}  # insertion order is enqueue order
         self._seq: dict[str, int] = {}  # rollout id -> enqueue position
         self._queue: dict[str, None] = {}  # queuing rollout ids, oldest first
@@ -37,6 +38,7 @@ class MemoryStore(Store):
         self._last_seq: dict[str, int] = {}  # attempt_id -> highest span sequence id
         self._resources: list[ResourceSet] = []
         self._ended = EndSignal()
+        self._write_ids = MemoryWriteIds(write_id_limits or WriteIdLimits())
 
     # -- records ----------------------------------------------------------------------------
     def _rollout(self, rollout_id: str) -> Rollout:
@@ -219,9 +221,13 @@ class MemoryStore(Store):
         return await wait_until_ended(ended, rollout_ids, timeout, self._ended, poll_s=1.0)
 
     # -- resources --------------------------------------------------------------------------
-    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourceSet:
+    async def add_resources(self, resources: Mapping[str, Resource], *, write_id: str | None = None) -> ResourceSet:
+        known = self._write_ids.recall(write_id, "resources")
+        if known is not None:
+            return ResourceSet.model_validate_json(known)
         resource_set = ResourceSet(version=len(self._resources) + 1, resources=dict(resources), created_at=now())
         self._resources.append(resource_set)
+        self._write_ids.remember(write_id, "resources", resource_set.model_dump_json())
         return resource_set
 
     async def get_latest_resources(self) -> ResourceSet | None:
@@ -233,7 +239,10 @@ class MemoryStore(Store):
         return self._resources[version - 1]
 
     # -- upkeep -----------------------------------------------------------------------------
-    async def reap_timed_out(self, at: float | None = None) -> list[Attempt]:
+    async def reap_timed_out(self, at: float | None = None, *, write_id: str | None = None) -> list[Attempt]:
+        known = self._write_ids.recall(write_id, "reap")
+        if known is not None:
+            return attempts_from_json(known)
         at = now() if at is None else at
         expired = [a for a in map(self._attempts.__getitem__, self._live) if a.expired(at)]
         reaped = []
@@ -242,4 +251,5 @@ class MemoryStore(Store):
             self._save_attempt(ended)
             self._save_rollout(rollout)
             reaped.append(ended)
+        self._write_ids.remember(write_id, "reap", attempts_json(reaped))
         return reaped

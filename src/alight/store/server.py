@@ -48,7 +48,9 @@ def _error_body(status: int, code: str | None, message: str) -> bytes:
 
 class _Remembered:
     """Answers of recent requests by idempotency key: a retried write gets the first answer
-    (the same span counts, the same resource version) instead of being applied again."""
+    (the same span counts, the same resource version) instead of being applied again, also while
+    the first try still runs. Only in memory: resource and reap writes also hand the key to the
+    store as their write id, which remembers it durably (a retry after a restart)."""
 
     def __init__(self, server: ServerApp, size: int = _REMEMBERED_ANSWERS) -> None:
         self._server = server
@@ -60,6 +62,7 @@ class _Remembered:
             key = request.headers.get(IDEMPOTENCY_HEADER)
             if key is None:
                 return await endpoint(request)
+            key = f"{request.url.path} {key}"  # a key reused on another route is not that route's retry
             known = self._answers.get(key)
             if known is not None:  # a retry, possibly while the first try still runs
                 return await asyncio.shield(known)
@@ -285,7 +288,8 @@ def create_app(
     # -- resources ------------------------------------------------------------------------
     async def add_resources(request: Request) -> bytes:
         parsed = wire.parse_body(wire.ResourcesBody, await body(request))
-        return wire.RESOURCE_SET.dump_json(await store.add_resources(parsed.resources))
+        write_id = request.headers.get(IDEMPOTENCY_HEADER)
+        return wire.RESOURCE_SET.dump_json(await store.add_resources(parsed.resources, write_id=write_id))
 
     async def latest_resources(request: Request) -> bytes:
         return wire.MAYBE_RESOURCE_SET.dump_json(readable(await store.get_latest_resources(), request))
@@ -304,7 +308,8 @@ def create_app(
     # -- upkeep ---------------------------------------------------------------------------
     async def reap(request: Request) -> bytes:
         parsed = wire.parse_body(wire.ReapBody, await body(request))
-        return wire.ATTEMPTS.dump_json(await store.reap_timed_out(parsed.at))
+        write_id = request.headers.get(IDEMPOTENCY_HEADER)
+        return wire.ATTEMPTS.dump_json(await store.reap_timed_out(parsed.at, write_id=write_id))
 
     async def health(request: Request) -> bytes:
         return b'{"status":"ok"}'

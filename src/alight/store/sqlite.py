@@ -8,6 +8,9 @@ loss can drop the last commits; pass `synchronous="FULL"` to survive that too).
 Crash recovery: each process holds a shared `flock` on `<db>.lock` while the store is open. The
 first process to open the file after every earlier user has gone (the lock is free) recovers the
 attempts that were live when they stopped: they end as timed out and their rollouts are requeued.
+
+Write ids (`alight.store.write_ids`) are recorded in the `write_ids` table in the transaction of
+their write, so a write retried after a crash is still applied once.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, Literal
 import orjson
 
 from alight.errors import NotFoundError, StoreError
-from alight.store import lifecycle, sqlite_bulk, sqlite_columns
+from alight.store import lifecycle, sqlite_bulk, sqlite_columns, write_ids
 from alight.store.base import EndSignal, Store, all_status_counts, wait_until_ended
 from alight.store.columns import LLMColumns
 from alight.store.sqlite_schema import SCHEMA, check_schema, insert_spans, read_row, restore_attributes, span_row
@@ -58,6 +61,7 @@ class SqliteStore(Store):
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
         busy_timeout_s: float = 60.0,
         poll_s: float = 0.1,
+        write_id_limits: write_ids.WriteIdLimits | None = None,
     ) -> None:
         self.path = Path(path)
         self._poll_s = poll_s
@@ -74,8 +78,10 @@ class SqliteStore(Store):
             self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         except (OSError, sqlite3.Error) as err:
             raise StoreError(f"cannot open store {self.path}: {err}") from None
+        self._write_ids = write_ids.SqliteWriteIds(write_id_limits or write_ids.WriteIdLimits())
         with self._write() as db:
             check_schema(db, self.path)
+            self._write_ids.prune(db)
         self._recover_if_first()
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -353,11 +359,16 @@ class SqliteStore(Store):
         return await wait_until_ended(ended, rollout_ids, timeout, self._ended, poll_s=self._poll_s)
 
     # -- resources --------------------------------------------------------------------------
-    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourceSet:
+    async def add_resources(self, resources: Mapping[str, Resource], *, write_id: str | None = None) -> ResourceSet:
         with self._write() as db:
+            known = self._write_ids.recall(db, write_id, "resources")
+            if known is not None:
+                return ResourceSet.model_validate_json(known)
             version = db.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM resources").fetchone()[0]
             resource_set = ResourceSet(version=version, resources=dict(resources), created_at=now())
-            db.execute("INSERT INTO resources VALUES (?, ?)", (version, resource_set.model_dump_json()))
+            data = resource_set.model_dump_json()
+            db.execute("INSERT INTO resources VALUES (?, ?)", (version, data))
+            self._write_ids.remember(db, write_id, "resources", data)
             return resource_set
 
     async def get_latest_resources(self) -> ResourceSet | None:
@@ -371,16 +382,20 @@ class SqliteStore(Store):
         return ResourceSet.model_validate_json(row[0])
 
     # -- upkeep -----------------------------------------------------------------------------
-    async def reap_timed_out(self, at: float | None = None) -> list[Attempt]:
+    async def reap_timed_out(self, at: float | None = None, *, write_id: str | None = None) -> list[Attempt]:
         at = now() if at is None else at
         reaped = []
-        with self._write():
+        with self._write() as db:
+            known = self._write_ids.recall(db, write_id, "reap")
+            if known is not None:
+                return write_ids.attempts_from_json(known)
             for attempt in self._live_attempts():
                 if attempt.expired(at):
                     rollout, ended = lifecycle.expire(self._rollout(attempt.rollout_id), attempt, at)
                     self._put_attempt(ended)
                     self._put_rollout(rollout)
                     reaped.append(ended)
+            self._write_ids.remember(db, write_id, "reap", write_ids.attempts_json(reaped))
         return reaped
 
     async def close(self) -> None:

@@ -52,7 +52,8 @@ def read_row(model: type[_M], data: str | bytes) -> _M:
 
 
 #: Version 2 added the binary id columns and the scalar span columns; version 1 files migrate in place.
-SCHEMA_VERSION = 2
+#: Version 3 added the `write_ids` table (`alight.store.write_ids`); version 2 files migrate in place.
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -93,6 +94,14 @@ CREATE TABLE IF NOT EXISTS spans (
 );
 CREATE INDEX IF NOT EXISTS spans_in_order ON spans (attempt_id, sequence_id);
 CREATE TABLE IF NOT EXISTS resources (version INTEGER PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS write_ids (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    write_id TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    answer TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS write_ids_by_age ON write_ids (created_at);
 """
 
 #: Columns version 2 added to `spans` (a version 1 file gets them with ALTER TABLE; old rows hold NULL).
@@ -122,7 +131,8 @@ _SWAP = sys.byteorder != "little"  # the file is little-endian wherever it was w
 
 
 def check_schema(db: sqlite3.Connection, path: object) -> None:
-    """Record the version of a new file, migrate a version 1 file in place; inside a write transaction.
+    """Record the version of a new file, migrate a version 1 or 2 file in place; inside a write transaction.
+    (`SCHEMA` has already created the tables a newer version added, `write_ids` among them.)
 
     Raises StoreError for a file written by a newer alight."""
     row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
@@ -132,7 +142,7 @@ def check_schema(db: sqlite3.Connection, path: object) -> None:
     version = int(row[0])
     if version == SCHEMA_VERSION:
         return
-    if version != 1:
+    if version not in (1, 2):
         raise StoreError(f"store {path} has schema version {version}, this alight reads {SCHEMA_VERSION}")
     present = {r[1] for r in db.execute("PRAGMA table_info(spans)")}
     for name, sql_type in _NEW_SPAN_COLUMNS:
