@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -156,6 +157,8 @@ def _as_reward(result: Any, agent_name: str) -> float | None:
         return None
     if isinstance(result, bool) or not isinstance(result, int | float):
         raise TypeError(f"agent {agent_name} returned {type(result).__name__}; it must return a float reward or None")
+    if not math.isfinite(result):  # the store refuses it, and it would poison every advantage of the group
+        raise ValueError(f"agent {agent_name} returned {result!r}; a reward must be a finite number")
     return float(result)
 
 

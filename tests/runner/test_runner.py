@@ -49,6 +49,40 @@ async def test_returned_reward_succeeds_and_is_recorded_as_final_reward_span() -
     assert [s.kind for s in spans].count(SpanKind.AGENT) == 1
 
 
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        (float("nan"), "returned nan; a reward must be a finite number"),
+        (float("-inf"), "returned -inf; a reward must be a finite number"),
+        ("lots", "returned str; it must return a float reward or None"),
+    ],
+)
+async def test_an_unusable_returned_reward_fails_the_attempt(bad: Any, why: str) -> None:
+    store = MemoryStore()
+
+    @rollout
+    async def agent(task: Any) -> Any:
+        return bad
+
+    done = await _one(store, agent, max_attempts=1)
+    assert done.status is RolloutStatus.FAILED and done.reward is None
+    [attempt] = await store.list_attempts(done.rollout_id)
+    assert attempt.error is not None and f"agent agent {why}" in attempt.error
+
+
+async def test_emitting_a_non_finite_reward_raises_in_the_agent() -> None:
+    store = MemoryStore()
+
+    @rollout
+    def agent(task: Any) -> None:
+        emit_reward(float("nan"))
+
+    done = await _one(store, agent, max_attempts=1)
+    assert done.status is RolloutStatus.FAILED
+    [attempt] = await store.list_attempts(done.rollout_id)
+    assert attempt.error is not None and "a reward must be a finite number, got nan" in attempt.error
+
+
 async def test_emitted_reward_is_the_reward_of_an_agent_returning_none() -> None:
     store = MemoryStore()
 

@@ -234,7 +234,7 @@ class Runner:
             return Outcome(AttemptStatus.FAILED, error="".join(traceback.format_exception(err)))
         result = agent_task.result()
         if result is not None:
-            emit_reward(result, name="final")
+            emit_reward(result, name="final")  # finite: the agent wrapper checked it
             return Outcome(AttemptStatus.SUCCEEDED, reward=result)
         return Outcome(AttemptStatus.SUCCEEDED, reward=ctx.last_reward)
 

@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import time
 import traceback
 from collections import deque
@@ -297,6 +298,8 @@ def emit_reward(value: float, name: str | None = None) -> None:
     if frame is None:
         return
     reward = float(value)
+    if not math.isfinite(reward):  # the store refuses it, and it would poison every advantage of the group
+        raise ValueError(f"a reward must be a finite number, got {value!r}")
     attrs: dict[str, Any] = {semconv.REWARD_VALUE: reward, semconv.REWARD_SOURCE: "agent"}
     if name is not None:
         attrs[semconv.REWARD_NAME] = name
