@@ -165,3 +165,35 @@ async def test_bad_exports_get_a_400(server: StoreServer, content: bytes, conten
         answer = await http.post(f"{server.url}/v1/traces", content=content, headers={"content-type": content_type})
     assert answer.status_code == 400
     assert expected in answer.json()["error"]["message"]
+
+
+@pytest.mark.anyio
+async def test_an_otel_exporter_sends_the_token_as_a_header_and_without_it_is_refused() -> None:
+    """A store with a token takes OTLP/HTTP only from an exporter that sends it (as
+    OTEL_EXPORTER_OTLP_HEADERS="Authorization=Bearer%20..." would); without it nothing is stored."""
+    from opentelemetry.sdk.trace.export import SpanExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    token = "otlp-secret"
+    with StoreServer(MemoryStore(), watchdog_interval_s=None, token=token) as server:
+        client = StoreClient(server.url, token=token)
+        try:
+            claim = await new_claim(client)  # type: ignore[arg-type]
+            rollout_id, attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
+            finished = InMemorySpanExporter()
+            provider = TracerProvider(
+                resource=Resource.create({semconv.ROLLOUT_ID: rollout_id, semconv.ATTEMPT_ID: attempt_id})
+            )
+            provider.add_span_processor(SimpleSpanProcessor(finished))
+            with provider.get_tracer("user-agent").start_as_current_span("my-agent"):
+                pass
+            spans = finished.get_finished_spans()
+            endpoint = f"{server.url}/v1/traces"
+            without = OTLPSpanExporter(endpoint=endpoint).export(spans)
+            assert without is SpanExportResult.FAILURE
+            assert await client.query_spans(rollout_id) == []
+            with_token = OTLPSpanExporter(endpoint=endpoint, headers={"Authorization": f"Bearer {token}"})
+            assert with_token.export(spans) is SpanExportResult.SUCCESS
+            assert [span.name for span in await client.query_spans(rollout_id)] == ["my-agent"]
+        finally:
+            await client.close()
