@@ -101,7 +101,9 @@ def test_store_serves_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
 
         rollout_id = asyncio.run(use())
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        code = proc.wait(timeout=30)
+        # about 1 run in 20 under load has ended with -2 (KeyboardInterrupt escaping): keep what it said
+        assert code == 0, f"exit code {code}; stderr: {proc.stderr.read()[-3000:] if proc.stderr else ''}"
     # Everything it acknowledged is in the file.
     with store_server("--db", str(db)) as (url, _):
 
