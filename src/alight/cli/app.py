@@ -182,15 +182,29 @@ def dev(
     endpoint: Annotated[
         str | None, typer.Option(help="Any OpenAI-compatible base URL to use instead of the config's engine.")
     ] = None,
-    model: Annotated[str | None, typer.Option(help="Model name at --endpoint (a LiteLLM model string works too).")] = (
-        None
-    ),
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="With --endpoint: the model name there (a LiteLLM model string works too). Without: a model"
+            " directory, checkpoint or training run directory (its newest checkpoint) for the config's engine."
+        ),
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="Data split the tasks come from: train or val (default: the config's dev.split).")
+    ] = None,
+    all_rows: Annotated[
+        bool, typer.Option("--all", help="Run every task of the split (as training validates), not --n of them.")
+    ] = False,
+    temperature: Annotated[
+        float | None, typer.Option(help="Sampling temperature instead of the config's (0: greedy, to evaluate).")
+    ] = None,
     run_dir: Annotated[
         Path | None, typer.Option(help="Where the run's store is kept (default: OUTPUT_DIR/NAME-dev-TIME).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
-    """Dry-run the configured agent on a few tasks (no training) and show what each rollout did."""
+    """Dry-run the configured agent on a few tasks (no training) and show what each rollout did; with
+    --split val --all --model RUN_DIR, evaluate a trained model: the mean reward and every task's."""
     from rich.console import Console
 
     from alight.cli import dev_render as show
@@ -204,7 +218,17 @@ def dev(
         def progress(counts: dict[str, int]) -> None:
             status.update(f"rollouts ended: {counts['ended']}/{counts['total']}")
 
-        run = run_dev(cfg, run_dir, n=n, endpoint=endpoint, model=model, on_progress=progress)
+        run = run_dev(
+            cfg,
+            run_dir,
+            n=n,
+            endpoint=endpoint,
+            model=model,
+            split=split,
+            all_rows=all_rows,
+            temperature=temperature,
+            on_progress=progress,
+        )
     show.dev_run(console, run, as_json=as_json)
 
 

@@ -17,7 +17,16 @@ def dev_run(console: Console, run: DevRun, *, as_json: bool) -> None:
     """The dev rollouts: a table, then where their spans are kept."""
     if as_json:
         rows = [dataclasses.asdict(r) for r in run.results]
-        print(json.dumps({"run_dir": str(run.run_dir), "rollouts": rows}, default=str))
+        report = {
+            "run_dir": str(run.run_dir),
+            "split": run.split,
+            "model": run.model,
+            "tasks": len(run.results),
+            "succeeded": run.succeeded,
+            "mean_reward": run.mean_reward,
+            "rollouts": rows,
+        }
+        print(json.dumps(report, default=str))
         return
     table = Table(title="alight dev", title_justify="left")
     for column in ("rollout", "task", "status", "reward", "LLM calls", "tool calls", "time", "error"):
@@ -43,6 +52,11 @@ def dev_run(console: Console, run: DevRun, *, as_json: bool) -> None:
             Text(printable(r.error or "")),
         )
     console.print(table)
+    if run.mean_reward is not None:
+        console.print(
+            f"mean reward [bold]{run.mean_reward:.4g}[/bold] over {len(run.results)} {run.split} tasks"
+            f" ({run.succeeded} succeeded; a failed rollout counts 0), model {printable(run.model)}"
+        )
     console.print(
         f"{len(run.results)} rollouts in {run.elapsed_s:.1f} s; spans kept in {run.run_dir} — "
         f"[bold]alight trace {run.run_dir}[/bold] shows them"

@@ -34,37 +34,92 @@ class DevResult:
 
 @dataclass
 class DevRun:
-    """What `run_dev` did: where the run's store is kept, and each rollout's result."""
+    """What `run_dev` did: where the run's store is kept, each rollout's result, the split the
+    tasks came from and the model that answered."""
 
     run_dir: Path
     results: list[DevResult]
     elapsed_s: float
+    split: str = ""
+    model: str = ""
+
+    @property
+    def mean_reward(self) -> float | None:
+        """The mean reward over every task, a rollout that failed or gave no reward counting as 0
+        (so a model that crashes the agent scores lower, not higher); None without tasks."""
+        if not self.results:
+            return None
+        return sum(r.reward or 0.0 for r in self.results) / len(self.results)
+
+    @property
+    def succeeded(self) -> int:
+        return sum(1 for r in self.results if r.status == "succeeded")
+
+
+SPLITS = ("train", "val")
 
 
 def with_endpoint(cfg: ExperimentConfig, endpoint: str | None, model: str | None) -> ExperimentConfig:
-    """The config with its engine swapped for an external OpenAI-compatible endpoint (via LiteLLM)."""
+    """The config with its engine swapped for an external OpenAI-compatible endpoint (via LiteLLM),
+    or, with `model` and no `endpoint`, with the configured engine loading `model` instead: a model
+    directory, a training checkpoint, or a run directory (its newest checkpoint), as `alight serve`
+    resolves it (a LiteLLM model string for a litellm engine)."""
     if endpoint is None and model is None:
         return cfg
     if endpoint is None:
-        raise ConfigError("--model needs --endpoint (the OpenAI-compatible base URL serving it)")
+        assert model is not None
+        if cfg.engine.kind == "litellm" or (cfg.engine.kind == "vllm" and cfg.engine.base_url):
+            return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, model=model))
+        from alight.trainer.serve import resolve_model
+
+        return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, model=resolve_model(model)))
     name = model or cfg.engine.served_name
     litellm_model = name if "/" in name else f"openai/{name}"
     engine = dataclasses.replace(cfg.engine, kind="litellm", model=litellm_model, base_url=endpoint, options={})
     return dataclasses.replace(cfg, engine=engine)
 
 
-def dev_rows(cfg: ExperimentConfig, n: int) -> list[Any]:
-    """The task inputs dev runs: the first `n` rows of the dev split (val, else train)."""
+def with_temperature(cfg: ExperimentConfig, temperature: float | None) -> ExperimentConfig:
+    """The config with the engine's default sampling temperature replaced (0: greedy)."""
+    if temperature is None:
+        return cfg
+    if temperature < 0:
+        raise ConfigError(f"--temperature must be 0 or more, not {temperature}")
+    sampling = dataclasses.replace(cfg.engine.sampling, temperature=temperature)
+    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, sampling=sampling))
+
+
+def dev_rows(cfg: ExperimentConfig, n: int | None, split: str | None = None) -> tuple[str, list[Any]]:
+    """The split and the task inputs dev runs: the first `n` rows of `split` (default `dev.split`,
+    falling back to the other split when the config names only one), or with `n` None every row
+    of the split, as training uses it (val: `data.val_size`, then `trainer.val_size`; train:
+    `data.train_size`)."""
     from alight.data import load_rows, task_input
 
-    order = [("val", cfg.data.val), ("train", cfg.data.train)]
-    if cfg.dev.split != "val":
-        order.reverse()
-    split, spec = next(((name, s) for name, s in order if s), ("", None))
+    specs = {"val": cfg.data.val, "train": cfg.data.train}
+    if split is not None:
+        if split not in SPLITS:
+            raise ConfigError(f"unknown split {split!r}; choose train or val")
+        if not specs[split]:
+            raise ConfigError(f"the config names no {split} data (data.{split})")
+        chosen: tuple[str, str | None] = (split, specs[split])
+    else:
+        order = [("val", cfg.data.val), ("train", cfg.data.train)]
+        if cfg.dev.split != "val":
+            order.reverse()
+        chosen = next(((name, s) for name, s in order if s), ("", None))
+    name, spec = chosen
     if spec is None:
         raise ConfigError("the config names no data (data.train or data.val)")
-    rows = load_rows(spec, size=n, seed=cfg.data.seed, generator_kwargs=cfg.data.generator_kwargs, split=split)
-    return [task_input(row, cfg.data.input_field) for row in rows[:n]]
+    size = n
+    if n is None:
+        size = cfg.data.val_size if name == "val" else cfg.data.train_size
+    rows = load_rows(spec, size=size, seed=cfg.data.seed, generator_kwargs=cfg.data.generator_kwargs, split=name)
+    if n is None and name == "val" and cfg.trainer.val_size is not None:
+        rows = rows[: cfg.trainer.val_size]
+    if n is not None:
+        rows = rows[:n]
+    return name, [task_input(row, cfg.data.input_field) for row in rows]
 
 
 def run_dev(
@@ -74,11 +129,16 @@ def run_dev(
     n: int | None = None,
     endpoint: str | None = None,
     model: str | None = None,
+    split: str | None = None,
+    all_rows: bool = False,
+    temperature: float | None = None,
     on_progress: Callable[[dict[str, int]], None] | None = None,
 ) -> DevRun:
-    """Run the agent on `n` tasks (default `dev.n`) through store, proxy, engine and runner pool;
-    the store stays in `run_dir` (default `{output_dir}/{name}-dev-{timestamp}`) for `alight trace`.
-    `endpoint`/`model` swap the engine for an OpenAI-compatible endpoint (see `with_endpoint`);
+    """Run the agent on `n` tasks (default `dev.n`) of `split` (see `dev_rows`), or on every task
+    of the split with `all_rows`, through store, proxy, engine and runner pool; the store stays in
+    `run_dir` (default `{output_dir}/{name}-dev-{timestamp}`) for `alight trace`. `endpoint` /
+    `model` swap the engine for an OpenAI-compatible endpoint or another model or checkpoint (see
+    `with_endpoint`); `temperature` replaces the sampling temperature (0: greedy, for evaluation).
     `on_progress` gets the counts of ended rollouts. Every input problem raises ConfigError before
     a worker starts."""
     from alight.agent import load_agent
@@ -88,12 +148,14 @@ def run_dev(
     from alight.trainer.threads import ThreadPolicy
 
     started = time.monotonic()
-    cfg = with_endpoint(cfg, endpoint, model)
-    run_dir = run_dir or new_run_dir(cfg, "dev")
-    count = n or cfg.dev.n
+    if all_rows and n is not None:
+        raise ConfigError("--all runs every task of the split: drop --n")
+    cfg = with_temperature(with_endpoint(cfg, endpoint, model), temperature)
+    count = None if all_rows else (n or cfg.dev.n)
     threads = ThreadPolicy.from_config(cfg.trainer.torch_threads, cfg.trainer.torch_interop_threads, cfg.engine.device)
     load_agent(cfg.agent.entrypoint)  # an entrypoint that does not import fails here, in one line
-    tasks = dev_rows(cfg, count)
+    split_name, tasks = dev_rows(cfg, count, split)
+    run_dir = run_dir or new_run_dir(cfg, "dev")
     if cfg.engine.kind == "litellm" and cfg.engine.base_url:
         check_endpoint(cfg.engine.base_url)
     quiet_progress_bars()
@@ -102,7 +164,7 @@ def run_dev(
     with LocalStack(cfg, run_dir, n_runners=min(cfg.runner.n_runners, len(tasks))) as stack:
         assert stack.store_url is not None
         results = asyncio.run(_run(cfg, stack.store_url, tasks, on_progress))
-    return DevRun(run_dir, results, time.monotonic() - started)
+    return DevRun(run_dir, results, time.monotonic() - started, split=split_name, model=cfg.engine.model)
 
 
 async def _run(
