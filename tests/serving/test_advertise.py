@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import socket
 import subprocess
 from pathlib import Path
@@ -152,6 +153,7 @@ async def _published_llm(store_url: str) -> LLMResource:
     return llm
 
 
+@pytest.mark.slow
 def test_the_stack_publishes_the_proxys_advertised_url_and_hands_runners_the_stores(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -186,6 +188,7 @@ def test_the_stack_refuses_a_bad_advertise_url_before_starting_anything(tmp_path
     assert not (tmp_path / "run").exists()  # no store was made
 
 
+@pytest.mark.slow
 def test_alight_dev_with_a_bad_advertise_url_prints_one_line_and_exits_2(tmp_path: Path) -> None:
     from tests.cli.test_dev_and_trace import alight, write_config
 
@@ -193,3 +196,19 @@ def test_alight_dev_with_a_bad_advertise_url_prints_one_line_and_exits_2(tmp_pat
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "bad store.advertise_url '10.0.0.1:4747'" in lines[0], done.stderr
+
+
+def test_alight_store_on_a_wildcard_prints_the_url_other_machines_use() -> None:
+    from tests.test_cli import ALIGHT, free_port
+
+    address, port = routable_address(), free_port()
+    env = {**os.environ, "ALIGHT_TOKEN": TOKEN}
+    command = [*ALIGHT, "store", "--host", "0.0.0.0", "--port", str(port)]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # the ready line (or the error that ended it)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert line.startswith(f"alight store serving on http://{address or '127.0.0.1'}:{port}, "), line
