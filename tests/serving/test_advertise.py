@@ -124,6 +124,16 @@ def test_a_server_on_a_wildcard_advertises_this_machines_routable_address() -> N
         assert answer.status_code == 200  # the advertised URL reaches the server
 
 
+def test_a_server_on_the_ipv6_wildcard_answers_on_its_local_and_its_advertised_url() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    with StoreServer(MemoryStore(), host="::", token=TOKEN, watchdog_interval_s=None) as server:
+        assert server.local_url == f"http://[::1]:{server.port}"
+        assert "[::]" not in server.url
+        for url in (server.local_url, server.url):
+            assert httpx.get(f"{url}/health").status_code == 200
+
+
 def test_an_explicit_advertise_url_wins_and_a_bad_one_is_refused_before_binding() -> None:
     with StoreServer(MemoryStore(), advertise_url="http://store.example:9999/", watchdog_interval_s=None) as server:
         assert server.url == "http://store.example:9999"
@@ -181,6 +191,9 @@ def test_the_stack_publishes_the_proxys_advertised_url_and_hands_runners_the_sto
 
 def test_the_stack_refuses_a_bad_advertise_url_before_starting_anything(tmp_path: Path) -> None:
     from alight.trainer.stack import LocalStack
+
+    with pytest.raises(ConfigError, match=r"^runner.n_runners must be 0 \(runners on other machines only\) or more"):
+        LocalStack(_config(tmp_path, "http://127.0.0.1:1/v1", "runner.n_runners=-1"), tmp_path / "run").start()
 
     cfg = _config(tmp_path, "http://127.0.0.1:1/v1", "proxy.advertise_url=http://0.0.0.0:8123")
     with pytest.raises(ConfigError, match=r"^bad proxy.advertise_url 'http://0.0.0.0:8123': 0.0.0.0 means"):

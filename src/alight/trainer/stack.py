@@ -71,6 +71,9 @@ class LocalStack:
         from alight.runner.pool import RunnerPool
         from alight.store.client import StoreClient
 
+        if self.n_runners < 0:
+            count = self.n_runners
+            raise ConfigError(f"runner.n_runners must be 0 (runners on other machines only) or more, got {count}")
         store_advertise = self.cfg.store.advertise_url
         if store_advertise:  # a bad URL fails here, in one line naming the key, before anything starts
             store_advertise = check_advertise_url(store_advertise, "store.advertise_url")
