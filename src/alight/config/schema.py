@@ -57,6 +57,7 @@ class EngineConfig:
 class ProxyConfig:
     host: str = "127.0.0.1"  # beyond loopback needs ALIGHT_TOKEN set (the token is never a config field)
     port: int = 0  # 0: any free port
+    advertise_url: str | None = None  # http://HOST:PORT agents elsewhere use; None: the bound (or routable) address
 
 
 @dataclass
@@ -64,6 +65,7 @@ class StoreConfig:
     url: str | None = None  # an `alight store` server to use; None: start one for the run
     host: str = "127.0.0.1"  # address the run's store binds; beyond loopback needs ALIGHT_TOKEN set
     port: int = 0  # port of the store this run starts (0: any free port)
+    advertise_url: str | None = None  # http://HOST:PORT runners elsewhere use; None: the bound (or routable) address
 
 
 @dataclass

@@ -19,9 +19,10 @@ class ProxyServer(BackgroundServer):
 
     The engine and store are used on that thread's loop only: started there, and closed there by
     `stop()`. From other threads use `run` (or await `proxy.update_weights` / `proxy.flush`, which
-    hop onto that loop by themselves). `url` is the proxy root (what the trainer publishes as
-    `LLMResource.endpoint`); `stop()` finishes the calls in flight and stores their spans. Beyond
-    loopback it needs `token` (or `insecure`; see `alight.serving.auth.check_bind`)."""
+    hop onto that loop by themselves). `url` is the proxy root as agents on other machines reach
+    it (`advertise_url`, or for a wildcard bind this machine's routable address): what the trainer
+    publishes as `LLMResource.endpoint`. `stop()` finishes the calls in flight and stores their
+    spans. Beyond loopback it needs `token` (or `insecure`; see `alight.serving.auth.check_bind`)."""
 
     what = "proxy"
     graceful_shutdown_s = 10.0
@@ -36,10 +37,11 @@ class ProxyServer(BackgroundServer):
         admin: bool = False,
         token: str | None = None,
         insecure: bool = False,
+        advertise_url: str | None = None,
     ) -> None:
         check_bind(host, token, insecure=insecure, what=self.what)
         app = create_app(proxy, max_body_bytes=max_body_bytes, admin=admin, token=token)
-        super().__init__(app, host=host, port=port)
+        super().__init__(app, host=host, port=port, advertise_url=advertise_url)
         self.proxy = proxy
 
     def base_url(self, rollout_id: str | None = None, attempt_id: str | None = None) -> str:

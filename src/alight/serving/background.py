@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from alight.errors import AlightError, ConfigError
+from alight.serving.advertise import advertised_url, check_advertise_url, local_host, url_of
 
 if TYPE_CHECKING:
     import uvicorn
@@ -27,7 +28,10 @@ T = TypeVar("T")
 class BackgroundServer:
     """Serves an ASGI app with uvicorn (uvloop, httptools) from a daemon thread with its own event loop.
 
-    Port 0 picks a free port; `url` gives the real one once started. A subclass names itself
+    Port 0 picks a free port; `url` gives the real one once started: the URL clients on other
+    machines use (`advertise_url` when given, else the bound address, for a wildcard bind this
+    machine's routable one; see `alight.serving.advertise`), and `local_url` the one this machine
+    uses (loopback for a wildcard bind). A subclass names itself
     (`what`), picks the error class it raises, and may override `before_serving` (run on the
     server's loop before it serves: a failure there is `start()`'s error) and `after_serving`
     (run there once it has stopped, whatever happened)."""
@@ -36,9 +40,11 @@ class BackgroundServer:
     error: type[AlightError] = ConfigError
     graceful_shutdown_s = 5.0
 
-    def __init__(self, app: Any, *, host: str, port: int) -> None:
+    def __init__(self, app: Any, *, host: str, port: int, advertise_url: str | None = None) -> None:
         self.host = host
         self.port = port
+        self.advertise_url = check_advertise_url(advertise_url) if advertise_url else None
+        self._url: str | None = None  # the advertised URL, fixed once the port is known
         self._app = app
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -50,8 +56,15 @@ class BackgroundServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        """The URL clients on other machines use (see the class docstring)."""
+        if self._url is not None:
+            return self._url
+        return advertised_url(self.host, self.port, self.advertise_url, what=self.what)
+
+    @property
+    def local_url(self) -> str:
+        """The URL this machine uses: the bound address, loopback for a wildcard bind."""
+        return url_of(local_host(self.host), self.port)
 
     async def before_serving(self) -> None:
         """Runs on the server's loop before it serves."""
@@ -67,6 +80,8 @@ class BackgroundServer:
             raise self.error(f"the {self.what} is already started")
         sock = _listen(self.host, self.port, self.what)
         self.port = sock.getsockname()[1]
+        self._url = None
+        self._url = self.url
         self._stopped.clear()
         self._failure = None
         config = uvicorn.Config(
@@ -104,7 +119,7 @@ class BackgroundServer:
             return False
         try:
             with httpx.Client(trust_env=False, timeout=2.0) as http:
-                return http.get(self.url + "/health").status_code == 200
+                return http.get(self.local_url + "/health").status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -376,8 +376,10 @@ class StoreServer(BackgroundServer):
     """Serves a store over HTTP from a daemon thread with its own event loop (uvloop).
 
     The store object is used only on that thread's loop, and closed there by `stop()`.
-    Port 0 (the default) picks a free port; `url` gives the real one once started. Beyond
-    loopback it needs `token` (or `insecure`; see `alight.serving.auth.check_bind`).
+    Port 0 (the default) picks a free port; `url` gives the real one once started, as runners on
+    other machines reach it (`advertise_url`, or for a wildcard bind this machine's routable
+    address), `local_url` as this machine does. Beyond loopback it needs `token` (or `insecure`;
+    see `alight.serving.auth.check_bind`).
     """
 
     what = "store server"
@@ -394,6 +396,7 @@ class StoreServer(BackgroundServer):
         token: str | None = None,
         insecure: bool = False,
         max_wait_s: float = wire.MAX_WAIT_S,
+        advertise_url: str | None = None,
     ) -> None:
         check_bind(host, token, insecure=insecure, what=self.what)
         app = create_app(
@@ -403,7 +406,7 @@ class StoreServer(BackgroundServer):
             token=token,
             max_wait_s=max_wait_s,
         )
-        super().__init__(app, host=host, port=port)
+        super().__init__(app, host=host, port=port, advertise_url=advertise_url)
         self.store = store
 
     async def after_serving(self) -> None:

@@ -3,7 +3,9 @@
 `alight dev` and `alight train` start the same stack: a SQLite store in the run directory served
 over HTTP (or an existing store server), the configured engine behind the proxy (which records
 every LLM call into the store), the policy published as the `llm` resource, and `n_runners`
-worker processes running the agent.
+worker processes running the agent. What runners and agents are handed are the advertised URLs
+(`store.advertise_url`, `proxy.advertise_url`; see `alight.serving.advertise`), so that ones on
+other machines (`alight runner --store URL`) reach the same store and proxy.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Any
 
 from alight.config.schema import EngineConfig, ExperimentConfig
 from alight.errors import ConfigError
-from alight.serving.auth import resolve_token
+from alight.serving.advertise import check_advertise_url
+from alight.serving.auth import TOKEN_ENV, is_loopback, resolve_token
 from alight.trainer.run_dir import STORE_FILE
 
 logger = logging.getLogger(__name__)
@@ -52,8 +55,9 @@ class LocalStack:
         self.cfg = cfg
         self.weights_version = weights_version  # recorded on spans until the first update (a resumed run's step)
         self.run_dir = run_dir
-        self.n_runners = n_runners or cfg.runner.n_runners
-        self.store_url: str | None = cfg.store.url
+        self.n_runners = cfg.runner.n_runners if n_runners is None else n_runners  # 0: runners run elsewhere
+        self.store_url: str | None = cfg.store.url  # as this process reaches the store
+        self.store_advertise_url: str | None = None  # as runners reach it, here and on other machines
         # One shared token for the run's store, proxy and runners (ALIGHT_TOKEN); None on loopback.
         self.token = resolve_token()
         self._store_server: Any = None
@@ -67,6 +71,14 @@ class LocalStack:
         from alight.runner.pool import RunnerPool
         from alight.store.client import StoreClient
 
+        if self.n_runners < 0:
+            count = self.n_runners
+            raise ConfigError(f"runner.n_runners must be 0 (runners on other machines only) or more, got {count}")
+        store_advertise = self.cfg.store.advertise_url
+        if store_advertise:  # a bad URL fails here, in one line naming the key, before anything starts
+            store_advertise = check_advertise_url(store_advertise, "store.advertise_url")
+        if self.cfg.proxy.advertise_url:
+            check_advertise_url(self.cfg.proxy.advertise_url, "proxy.advertise_url")
         kind, options = engine_options(self.cfg.engine)
         engine = make_engine(kind, **options)  # bad engine options fail here, before anything starts
         try:
@@ -77,11 +89,18 @@ class LocalStack:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 store = SqliteStore(self.run_dir / STORE_FILE)
                 self._store_server = StoreServer(
-                    store, host=self.cfg.store.host, port=self.cfg.store.port, token=self.token
+                    store,
+                    host=self.cfg.store.host,
+                    port=self.cfg.store.port,
+                    token=self.token,
+                    advertise_url=store_advertise,
                 ).start()
-                self.store_url = self._store_server.url
+                self.store_url = self._store_server.local_url
+                store_advertise = self._store_server.url
             assert self.store_url is not None
-            logger.info("store at %s", self.store_url)
+            self.store_advertise_url = store_advertise or self.store_url
+            assert self.store_advertise_url is not None
+            logger.info("store at %s", self.store_advertise_url)
             proxy = Proxy(
                 engine,
                 StoreClient(self.store_url, token=self.token),
@@ -89,21 +108,41 @@ class LocalStack:
                 default_sampling=self.sampling_parameters(),
             )
             self.proxy_server = ProxyServer(
-                proxy, host=self.cfg.proxy.host, port=self.cfg.proxy.port, token=self.token
+                proxy,
+                host=self.cfg.proxy.host,
+                port=self.cfg.proxy.port,
+                token=self.token,
+                advertise_url=self.cfg.proxy.advertise_url,
             ).start()
             logger.info("LLM proxy at %s (engine %s, model %s)", self.proxy_server.url, kind, self.cfg.engine.model)
             asyncio.run(self._publish())
-            self.pool = RunnerPool(
-                self.cfg.agent.entrypoint,
-                self.store_url,
-                n_runners=self.n_runners,
-                tracer=self.cfg.runner.tracer,
-                token=self.token,
-            ).start()
+            self._tell_remote_runners()
+            if self.n_runners > 0:
+                self.pool = RunnerPool(
+                    self.cfg.agent.entrypoint,
+                    self.store_advertise_url,
+                    n_runners=self.n_runners,
+                    tracer=self.cfg.runner.tracer,
+                    token=self.token,
+                ).start()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _tell_remote_runners(self) -> None:
+        """Log the command that runs agents for this run on another machine: a warning when no
+        runner runs here (nothing happens until one starts), else only when other machines can
+        reach the store."""
+        from urllib.parse import urlsplit
+
+        command = f"alight runner --store {self.store_advertise_url} --agent {self.cfg.agent.entrypoint}"
+        if self.token is not None:
+            command += f" (with {TOKEN_ENV} set to the run's token)"
+        if self.n_runners == 0:
+            logger.warning("no runners on this machine (runner.n_runners=0): agents run once you start %s", command)
+        elif not is_loopback(urlsplit(self.store_advertise_url or "").hostname or "localhost"):
+            logger.info("runners on other machines: %s", command)
 
     def sampling_parameters(self) -> dict[str, Any]:
         """The configured sampling: published with the `llm` resource, and the proxy's defaults."""
