@@ -38,7 +38,7 @@ SHOWN_ROWS = 5  # rows of a result shown to the checker and the rewriter
 SHOWN_CHARS = 240  # longest result, error or feedback text put in a prompt
 PROGRESS_STEPS = 1_000  # SQLite virtual-machine steps between two time-limit checks
 
-_CODE_BLOCK = re.compile(r"```(?:sql|sqlite)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
+_CODE_BLOCK = re.compile(r"```(?:sqlite|sql)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
 _ORDER_BY = re.compile(r"\border\s+by\b", re.IGNORECASE)
 
 
