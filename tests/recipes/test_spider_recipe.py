@@ -20,7 +20,7 @@ from alight.entrypoints import resolve_entrypoint
 from alight.errors import ConfigError
 from alight.tracing.langchain import sql_argument
 from tests.fixtures.openai_server import ScriptedOpenAIServer
-from tests.recipes.spider_script import Plan, plans_for, spider_script
+from tests.recipes.spider_script import CHECK_PROMPT, REWRITE_PROMPT, WRITE_PROMPT, Plan, plans_for, spider_script
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "spider"
@@ -35,8 +35,6 @@ execution_accuracy = attr("agent.py", "execution_accuracy")
 results_match = attr("agent.py", "results_match")
 extract_sql = attr("agent.py", "extract_sql")
 sql_agent = attr("agent.py", "sql_agent")
-from tests.recipes.spider_script import CHECK_PROMPT, REWRITE_PROMPT, WRITE_PROMPT  # noqa: E402
-
 load_spider = attr("data.py", "load_spider")
 make_tasks = attr("data.py", "make_tasks")
 demonstrations = attr("data.py", "demonstrations")
