@@ -18,7 +18,6 @@ from alight import LLM
 from alight.data import load_rows
 from alight.entrypoints import resolve_entrypoint
 from alight.errors import ConfigError
-from alight.tracing.langchain import sql_argument
 from tests.fixtures.openai_server import ScriptedOpenAIServer
 from tests.recipes.spider_script import CHECK_PROMPT, REWRITE_PROMPT, WRITE_PROMPT, Plan, plans_for, spider_script
 
@@ -304,6 +303,9 @@ def test_extract_sql(reply: str, sql: str) -> None:
     ],
 )
 def test_langchain_tool_spans_name_the_sql_they_ran(tool: str, arguments: Any, sql: str | None) -> None:
+    pytest.importorskip("langchain_core")
+    from alight.tracing.langchain import sql_argument
+
     assert sql_argument(tool, arguments) == sql
 
 
@@ -327,6 +329,7 @@ def _requests_by_prompt(server: ScriptedOpenAIServer) -> list[str]:
 def test_the_agent_loops_until_the_checker_accepts_or_max_turns(
     bundled: Path, kind: str, reward: float, calls: list[str]
 ) -> None:
+    pytest.importorskip("langgraph")
     task = make_tasks("val", spider_dir=str(bundled), max_turns=2)[0]
     with ScriptedOpenAIServer(spider_script(plans_for([task], [kind]))) as server:
         got = asyncio.run(sql_agent(task, LLM(model="scripted", base_url=server.url, api_key="x")))
@@ -341,6 +344,7 @@ def test_the_agent_loops_until_the_checker_accepts_or_max_turns(
 
 
 def test_the_agent_stops_at_max_turns(bundled: Path) -> None:
+    pytest.importorskip("langgraph")
     task = make_tasks("val", spider_dir=str(bundled), max_turns=4)[0]
     with ScriptedOpenAIServer(spider_script(plans_for([task], ["broken"]))) as server:
         assert asyncio.run(sql_agent(task, LLM(model="scripted", base_url=server.url, api_key="x"))) == 0.0

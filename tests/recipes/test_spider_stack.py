@@ -29,6 +29,8 @@ from tests.fixtures.openai_server import ScriptedOpenAIServer
 from tests.recipes.spider_script import CHECK_PROMPT, EXPECTED, KINDS, plans_for, spider_script
 
 pytestmark = pytest.mark.slow
+pytest.importorskip("langgraph", reason="the agents extra runs the recipe's LangGraph agent")
+pytest.importorskip("langchain_openai", reason="the agents extra runs the recipe's LangGraph agent")
 
 REPO = Path(__file__).resolve().parents[2]
 SPIDER = REPO / "configs" / "spider.yaml"
