@@ -349,3 +349,25 @@ def test_the_agent_stops_at_max_turns(bundled: Path) -> None:
     with ScriptedOpenAIServer(spider_script(plans_for([task], ["broken"]))) as server:
         assert asyncio.run(sql_agent(task, LLM(model="scripted", base_url=server.url, api_key="x"))) == 0.0
         assert _requests_by_prompt(server) == ["write", "check", "rewrite", "check", "rewrite", "check", "rewrite"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("data.generator_kwargs.spider_dir=/no/such/spider", "error: spider_dir /no/such/spider is not a directory"),
+        ("data.generator_kwargs.max_turns=0", "error: spider max_turns must be at least 1, got 0"),
+    ],
+)
+def test_cli_reports_bad_spider_settings_in_one_line(override: str, message: str) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "alight", "dev", "configs/spider.yaml", "--n", "1", override],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == message
