@@ -2,8 +2,10 @@
 
 Inside an attempt, each LangGraph node runs under an AGENT span named after the node, and the
 LLM calls it makes are attributed to it (the openai instrumentation or the proxy records them);
-tools record TOOL spans. `instrument_langchain()` registers the handler through LangChain's
-configure hook, so every runnable invoked inside an attempt uses it without being passed it.
+tools record TOOL spans. A tool's SQL (a string argument named `sql`, or `query` of a tool whose
+name says sql, such as LangChain's `sql_db_query`) is recorded as `tool.sql` for AIR rules.
+`instrument_langchain()` registers the handler through LangChain's configure hook, so every runnable
+invoked inside an attempt uses it without being passed it.
 (This module imports langchain_core: `alight.tracing` loads it only when asked.)
 """
 
@@ -146,6 +148,9 @@ class AlightCallbackHandler(BaseCallbackHandler):
         arguments = inputs if inputs is not None else input_str
         call_id = frame.attempt.claim_tool_call(name, arguments, kwargs.get("tool_call_id"))
         attrs = tool_attributes(name, arguments, None, call_id=call_id)
+        sql = sql_argument(name, arguments)
+        if sql is not None:
+            attrs[semconv.TOOL_SQL] = sql
         self._tools[run_id] = frame.attempt.start_span(name, SpanKind.TOOL, attrs, frame=frame)
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
@@ -168,6 +173,18 @@ class AlightCallbackHandler(BaseCallbackHandler):
         span.attributes[semconv.TOOL_ERROR] = True
         span.attributes[semconv.TOOL_OUTPUT] = f"{type(error).__name__}: {error}"
         span.end(SpanStatus.ERROR, one_line(error))
+
+
+def sql_argument(tool_name: str, arguments: Any) -> str | None:
+    """The SQL a tool call runs: its string argument `sql`, or for a tool named like `*sql*` its
+    argument `query` (or its whole input when that is a string); None for any other tool."""
+    names_sql = "sql" in tool_name.lower()
+    if isinstance(arguments, dict):
+        value = arguments.get("sql", arguments.get("query") if names_sql else None)
+        return value if isinstance(value, str) and value.strip() else None
+    if names_sql and isinstance(arguments, str) and arguments.strip():
+        return arguments
+    return None
 
 
 _shared: AlightCallbackHandler | None = None
