@@ -3,7 +3,7 @@
 `alight dev` and `alight train` start the same stack: a SQLite store in the run directory served
 over HTTP (or an existing store server), the configured engine behind the proxy (which records
 every LLM call into the store), the policy published as the `llm` resource, and `n_runners`
-worker processes running the agent.
+runners running the agent (worker processes, or Ray actors with `runner.backend: ray`).
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alight.config.schema import EngineConfig, ExperimentConfig
 from alight.errors import ConfigError
 from alight.serving.auth import resolve_token
 from alight.trainer.run_dir import STORE_FILE
+
+if TYPE_CHECKING:
+    from alight.runner.base import Pool
 
 logger = logging.getLogger(__name__)
 
@@ -58,14 +61,16 @@ class LocalStack:
         self.token = resolve_token()
         self._store_server: Any = None
         self.proxy_server: Any = None
-        self.pool: Any = None
+        self.pool: Pool | None = None
 
     def start(self) -> LocalStack:
         from alight.engines.factory import make_engine
         from alight.proxy.proxy import Proxy
         from alight.proxy.server import ProxyServer
-        from alight.runner.pool import RunnerPool
+        from alight.runner.factory import check_pool, make_pool
         from alight.store.client import StoreClient
+
+        check_pool(self.cfg.runner)  # a bad runner.backend fails before the engine loads
 
         kind, options = engine_options(self.cfg.engine)
         engine = make_engine(kind, **options)  # bad engine options fail here, before anything starts
@@ -93,12 +98,8 @@ class LocalStack:
             ).start()
             logger.info("LLM proxy at %s (engine %s, model %s)", self.proxy_server.url, kind, self.cfg.engine.model)
             asyncio.run(self._publish())
-            self.pool = RunnerPool(
-                self.cfg.agent.entrypoint,
-                self.store_url,
-                n_runners=self.n_runners,
-                tracer=self.cfg.runner.tracer,
-                token=self.token,
+            self.pool = make_pool(
+                self.cfg.runner, self.cfg.agent.entrypoint, self.store_url, n_runners=self.n_runners, token=self.token
             ).start()
         except BaseException:
             self.stop()
