@@ -6,6 +6,8 @@ and the one-line errors of a bad configuration."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -251,3 +253,43 @@ def test_alight_runner_with_an_unknown_backend_exits_2_with_one_line() -> None:
     assert done.returncode == 2, done.stderr
     assert "runner.backend must be one of local, ray, got 'k8s'" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ctrl_c_on_alight_runner_with_ray_drains_the_attempts_in_flight(store_server: Any) -> None:
+    """`alight runner --backend ray` in its own process group (starting its own local Ray cluster);
+    SIGINT to the whole group, as a terminal sends it: the actors finish what they hold."""
+    pytest.importorskip("ray")
+    url = store_server.url
+    ids = asyncio.run(_enqueue(url, [{"sleep": 2.0}] * 4))
+    command = [sys.executable, "-m", "alight", "runner", "--store", url, "--agent", f"{AGENTS}:slow", "-n", "2"]
+    proc = subprocess.Popen(
+        [*command, "--backend", "ray"],
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+
+        def two_running() -> list[str] | None:
+            assert proc.poll() is None, proc.communicate()
+            running = [a.attempt_id for a in asyncio.run(_attempts(url, ids)) if a.status is AttemptStatus.RUNNING]
+            return running if len(running) == 2 else None
+
+        held = _wait_until(two_running, what="two attempts running")
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "attempts succeeded 2, failed 0" in err, err
+    attempts = asyncio.run(_attempts(url, ids))
+    assert {a.attempt_id: a.status for a in attempts} == dict.fromkeys(held, AttemptStatus.SUCCEEDED)
+    assert (
+        sorted(r.status for r in asyncio.run(_state(url, ids)))
+        == [RolloutStatus.QUEUING] * 2 + [RolloutStatus.SUCCEEDED] * 2
+    )

@@ -330,6 +330,9 @@ def runner(
     def ready(pool: object) -> None:
         kind = "Ray actors" if backend == "ray" else "workers"
         typer.echo(f"alight runner: {n_runners} {kind} on {store}; Ctrl-C drains and stops", err=True)
+        dashboard = getattr(pool, "dashboard_url", None)
+        if dashboard:
+            typer.echo(f"alight runner: Ray dashboard at {dashboard}", err=True)
 
     stats = serve_runners(
         agent,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
@@ -13,24 +12,28 @@ from alight.runner.factory import import_ray
 logger = logging.getLogger(__name__)
 
 
-def connect(cfg: RayConfig) -> tuple[Any, bool]:
+def connect(cfg: RayConfig) -> tuple[Any, bool, str | None]:
     """The `ray` module, initialised: as it is when this process already joined Ray, else joining
     `cfg.address` (None: a new local cluster of `cfg.local_cpus` CPUs, or the one RAY_ADDRESS
-    names). The flag says whether this call initialised Ray (so its caller shuts it down)."""
+    names). Also whether this call initialised Ray (so its caller shuts it down), and the Ray
+    dashboard's URL when this call started or joined a cluster that runs one."""
     ray = import_ray()
     if ray.is_initialized():
-        return ray, False
+        return ray, False, None
     kwargs: dict[str, Any] = {"address": cfg.address, "log_to_driver": True, "configure_logging": False}
     if cfg.address is None:
         kwargs["num_cpus"] = cfg.local_cpus
     try:
-        ray.init(**kwargs)
+        context = ray.init(**kwargs)
     except (ConnectionError, ValueError, RuntimeError) as err:
         where = "start a local Ray cluster" if cfg.address is None else f"join the Ray cluster at {cfg.address}"
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"cannot {where}: {first}") from None
-    logger.info("ray runner pool: Ray %s; dashboard %s", cfg.address or "started locally", dashboard_url(ray))
-    return ray, True
+    url = getattr(context, "dashboard_url", None) or None
+    if url and not str(url).startswith("http"):
+        url = f"http://{url}"
+    logger.info("ray runner pool: Ray %s; dashboard %s", cfg.address or "started locally", url or "not running")
+    return ray, True, url
 
 
 def actor_options(cfg: RayConfig) -> dict[str, Any]:
@@ -68,13 +71,3 @@ def check_capacity(ray: Any, cfg: RayConfig, n_runners: int) -> None:
         )
     if sum(int(fit) for fit in fits) < n_runners:
         logger.warning("ray runner pool: the cluster holds fewer than %d runner actors now", n_runners)
-
-
-def dashboard_url(ray: Any) -> str:
-    """The Ray dashboard's URL, or "not running"."""
-    with contextlib.suppress(Exception):
-        url = ray.get_runtime_context().dashboard_url if hasattr(ray.get_runtime_context(), "dashboard_url") else None
-        url = url or ray.worker.get_dashboard_url()
-        if url:
-            return str(url) if str(url).startswith("http") else f"http://{url}"
-    return "not running"

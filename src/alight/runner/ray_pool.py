@@ -127,6 +127,7 @@ class RayRunnerPool:
         self._started = False
         self._owns_ray = False  # this pool started (or joined) Ray, so it shuts Ray down at stop
         self._actor_class: Any = None
+        self.dashboard_url: str | None = None  # the Ray dashboard, when this pool started Ray
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> RayRunnerPool:
@@ -135,7 +136,7 @@ class RayRunnerPool:
         no node of the cluster could ever hold one actor."""
         if self._thread is not None:
             raise ConfigError("the runner pool is already started")
-        ray, self._owns_ray = connect(self.ray_config)
+        ray, self._owns_ray, self.dashboard_url = connect(self.ray_config)
         check_capacity(ray, self.ray_config, self.n_runners)
         self._actor_class = ray.remote(**actor_options(self.ray_config))(RunnerActor)
         with self._lock:
