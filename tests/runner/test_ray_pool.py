@@ -293,3 +293,23 @@ def test_ctrl_c_on_alight_runner_with_ray_drains_the_attempts_in_flight(store_se
         sorted(r.status for r in asyncio.run(_state(url, ids)))
         == [RolloutStatus.QUEUING] * 2 + [RolloutStatus.SUCCEEDED] * 2
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_actor_whose_agent_blocks_its_event_loop_past_the_timeout_is_killed_and_replaced(
+    ray_cluster: Any, store_server: Any
+) -> None:
+    url = store_server.url
+    tasks = [{"fault": "block_loop", "on": [1], "reward": 0.5}]
+    [rollout_id] = asyncio.run(_enqueue(url, tasks, max_attempts=2, timeout_s=1.0))
+    with _ray_pool(url, "fault_agent", n=1, kill_grace_s=0.5, restart_backoff_s=0.1) as pool:
+        [rollout], [attempts], _ = asyncio.run(_ended(url, [rollout_id]))
+        assert pool.wait_for_idle(timeout_s=30)
+        stats = pool.stats()
+    first, second = attempts
+    # Timed out (by the store's watchdog or by the pool, whichever came first); the actor, which
+    # could not stop its agent, was killed by the pool and replaced by the one that ran the retry.
+    assert first.status is AttemptStatus.TIMEOUT, first
+    assert second.status is AttemptStatus.SUCCEEDED and second.worker_id != first.worker_id and rollout.reward == 0.5
+    assert (stats.workers_killed, stats.workers_restarted, stats.attempts_timed_out) == (1, 1, 1)
