@@ -72,7 +72,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "algorithms": {"adapters", "store", "config", "entrypoints"},
         "proxy": {"store", "engines", "serving"},
         "backends": {"algorithms", "config", "models"},
-        "runner": {"store", "tracing", "agent", "serving"},
+        "runner": {"store", "tracing", "agent", "serving", "config"},  # config: the pool factory reads RunnerConfig
         "trainer": {
             *("adapters", "agent", "algorithms", "backends", "config", "data", "engines", "entrypoints"),
             *("models", "proxy", "runner", "serving", "store", "tracing"),

@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from alight.agent import LitAgent, rollout
@@ -68,3 +69,20 @@ def fault_agent(task: dict[str, Any], attempt: Attempt) -> Any:
 async def api_key_check(task: Any, llm: Any) -> float:
     """1.0 when the LLM the runner bound carries the api key the task expects (the run's token)."""
     return 1.0 if llm.api_key == task["api_key"] else 0.0
+
+
+@rollout
+async def llm_then_block(task: dict[str, Any], llm: Any, attempt: Attempt) -> float:
+    """One LLM call through the proxy and an emitted reward; on the attempts `task["block_on"]`
+    names it then writes its attempt id to `task["started"]` and waits for `task["release"]` to
+    exist, so a test can kill its runner mid-rollout."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key or "none")
+    reply = await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "2 + 2?"}])
+    emit_reward(0.5, name="asked")
+    if attempt.number in task.get("block_on", []):
+        Path(task["started"]).write_text(attempt.attempt_id)
+        while not Path(task["release"]).exists():
+            await asyncio.sleep(0.05)
+    return 1.0 if reply.choices[0].message.content else 0.0

@@ -336,18 +336,27 @@ def trace(
 def runner(
     store: Annotated[str, typer.Option(help="The store server's URL, e.g. http://127.0.0.1:4747.")],
     agent: Annotated[str, typer.Option(help="Agent entrypoint: 'module:name' or 'path/to/file.py:name'.")],
-    n_runners: Annotated[int, typer.Option("--n-runners", "-n", min=1, help="Worker processes.")] = 4,
+    n_runners: Annotated[int, typer.Option("--n-runners", "-n", min=1, help="Runners (processes or Ray actors).")] = 4,
     tracer: Annotated[str, typer.Option(help="light or otel.")] = "light",
     drain_timeout: Annotated[
-        float, typer.Option(min=0.0, help="Seconds workers get to finish their attempts on Ctrl-C.")
+        float, typer.Option(min=0.0, help="Seconds runners get to finish their attempts on Ctrl-C.")
     ] = 30.0,
     token: _Token = None,
+    backend: Annotated[str, typer.Option(help="local (worker processes) or ray (Ray actors).")] = "local",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="With --backend ray: the cluster to join ('auto', ray://HOST:10001); none: a local one."),
+    ] = None,
 ) -> None:
     """Run agents on the rollouts of a store server (on this or another machine) until Ctrl-C."""
     from alight.trainer.serve import serve_runners
 
     def ready(pool: object) -> None:
-        typer.echo(f"alight runner: {n_runners} workers on {store}; Ctrl-C drains and stops", err=True)
+        kind = "Ray actors" if backend == "ray" else "workers"
+        typer.echo(f"alight runner: {n_runners} {kind} on {store}; Ctrl-C drains and stops", err=True)
+        dashboard = getattr(pool, "dashboard_url", None)
+        if dashboard:
+            typer.echo(f"alight runner: Ray dashboard at {dashboard}", err=True)
 
     stats = serve_runners(
         agent,
@@ -357,6 +366,8 @@ def runner(
         drain_timeout_s=drain_timeout,
         on_ready=ready,
         token=token or None,
+        backend=backend,
+        ray_address=ray_address,
     )
     typer.echo(
         f"alight runner: stopped; attempts succeeded {stats.attempts_succeeded}, failed {stats.attempts_failed}, "

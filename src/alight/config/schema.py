@@ -69,12 +69,28 @@ class StoreConfig:
 
 
 @dataclass
+class RayConfig:
+    # None: start a local Ray cluster (or join the one RAY_ADDRESS names); "auto" or "ray://HOST:10001": join one
+    address: str | None = None
+    num_cpus: float = 0.5  # Ray CPUs each runner actor reserves (agents mostly wait on the LLM)
+    # Custom Ray resources each runner needs (nodes declare them: `ray start --resources`), e.g. {runner_slot: 1}
+    resources: dict[str, float] = field(default_factory=dict)
+    # Node labels a runner's node must carry (nodes declare them: `ray start --labels`), e.g. {role: cpu}
+    label_selector: dict[str, str] = field(default_factory=dict)
+    spread: bool = False  # place runners on as many nodes as possible (Ray's SPREAD strategy)
+    local_cpus: int | None = None  # CPUs of a local cluster alight starts itself; None: every core
+
+
+@dataclass
 class RunnerConfig:
-    n_runners: int = 4  # worker processes running the agent
+    backend: str = "local"  # local: worker processes on this machine | ray: Ray actors on a Ray cluster
+    n_runners: int = 4  # runners (processes or Ray actors) of the agent; 0: none here (alight runner elsewhere)
     timeout_s: float = 120.0  # wall-clock limit of one attempt
     max_attempts: int = 2  # tries per rollout (a failed or timed-out attempt is retried)
     heartbeat_timeout_s: float = 60.0  # silence after which an attempt counts as timed out
     tracer: str = "light"  # light | otel
+    drain_timeout_s: float = 30.0  # on stop or Ctrl-C, seconds runners get to finish their attempts
+    ray: RayConfig = field(default_factory=RayConfig)  # runner.backend=ray: where and how runner actors run
 
 
 @dataclass

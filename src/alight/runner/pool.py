@@ -8,6 +8,7 @@ supervisor which attempt they hold. The supervisor keeps the pool whole:
 - a worker that dies (a crash, SIGKILL, `os._exit`) has its attempt recorded as failed and is
   replaced after a backoff that grows while its replacements keep dying without finishing an
   attempt, so a crash loop does not spin;
+- `scale(n)` starts workers, or retires some: they drain and are not replaced;
 - `stop(drain=True)` (and Ctrl-C, which reaches every worker of the terminal's process group)
   stops claiming, lets each worker finish its attempt within `drain_timeout_s`, then kills the
   rest and records their attempts as failed, so they are retried rather than lost.
@@ -104,6 +105,7 @@ class RunnerPool:
         self._token = resolve_token(token)  # default: ALIGHT_TOKEN; workers get it, never a log line
         self.pool_id = new_id("pool")[:13]
         self._slots = [Slot(i) for i in range(n_runners)]
+        self._next_index = n_runners
         self._stats = PoolStats()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -120,7 +122,8 @@ class RunnerPool:
             raise ConfigError("the runner pool is already started")
         with self._lock:
             for slot in self._slots:
-                self._spawn(slot)
+                if not slot.retired:
+                    self._spawn(slot)
         self._thread = threading.Thread(target=self._supervise, name=f"alight-{self.pool_id}", daemon=True)
         self._thread.start()
         atexit.register(self._stop_at_exit)
@@ -157,6 +160,24 @@ class RunnerPool:
             pass
         self._thread.join(1.0)
         atexit.unregister(self._stop_at_exit)
+
+    def scale(self, n_runners: int) -> None:
+        """Keep `n_runners` workers: start new ones, or retire the newest (they finish the attempt
+        they hold, then exit, and are not replaced)."""
+        if n_runners < 1:
+            raise ConfigError(f"n_runners must be at least 1, got {n_runners}")
+        with self._lock:
+            active = [slot for slot in self._slots if not slot.retired]
+            for _ in range(n_runners - len(active)):
+                slot = Slot(self._next_index)
+                self._next_index += 1
+                self._slots.append(slot)
+                if self._thread is not None and self._stop_deadline is None:
+                    self._spawn(slot)
+            for slot in active[n_runners:]:
+                slot.retired, slot.restart_at = True, None
+                send_signal(slot.process, signal.SIGTERM)
+            self.n_runners = n_runners
 
     def _stop_at_exit(self) -> None:
         if not self._done.is_set():
@@ -199,10 +220,7 @@ class RunnerPool:
             time.sleep(poll_s)
 
     def _store_counts(self) -> dict[str, int]:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the store is reached directly
-        request = urllib.request.Request(f"{self.store_url}/store/counts", headers=bearer_header(self._token))
-        with opener.open(request, timeout=30) as answer:
-            return {str(key): int(value) for key, value in json.loads(answer.read()).items()}
+        return store_counts(self.store_url, self._token)
 
     # -- the supervisor ---------------------------------------------------------------------
     def _spawn(self, slot: Slot) -> None:
@@ -252,7 +270,7 @@ class RunnerPool:
                         from alight.store.client import StoreClient
 
                         store = StoreClient(self.store_url, token=self._token)
-                    loop.run_until_complete(_record_end(store, attempt_id, status, error))
+                    loop.run_until_complete(record_end(store, attempt_id, status, error))
                 if finished:
                     return
         except Exception:
@@ -291,6 +309,7 @@ class RunnerPool:
                 endings.append(ending)
             slot.process = slot.conn = None
             slot.holding = None
+        self._slots = [slot for slot in self._slots if not (slot.retired and slot.process is None)]
         return endings
 
     def _enforce_deadlines(self, slot: Slot, now: float) -> None:
@@ -344,7 +363,7 @@ class RunnerPool:
         if held is not None:
             self._count_attempt(status)
             ending = (held.attempt_id, status, error)
-        if replace_in is not None and self._stop_deadline is None:
+        if replace_in is not None and self._stop_deadline is None and not slot.retired:
             slot.restart_at = now + replace_in
         return ending
 
@@ -388,7 +407,16 @@ class RunnerPool:
         self._count(field)
 
 
-async def _record_end(store: StoreClient, attempt_id: str, status: AttemptStatus, error: str) -> None:
+def store_counts(store_url: str, token: str | None) -> dict[str, int]:
+    """Rollouts by status in the store server at `store_url` (a plain request: pools poll it from threads)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the store is reached directly
+    request = urllib.request.Request(f"{store_url}/store/counts", headers=bearer_header(token))
+    with opener.open(request, timeout=30) as answer:
+        return {str(key): int(value) for key, value in json.loads(answer.read()).items()}
+
+
+async def record_end(store: StoreClient, attempt_id: str, status: AttemptStatus, error: str) -> None:
+    """Record in the store how an attempt a pool's runner held ended (the runner could not)."""
     try:
         await store.finish_attempt(attempt_id, status, error=error)
     except (InvalidTransitionError, NotFoundError) as err:

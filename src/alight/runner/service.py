@@ -7,12 +7,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from alight.runner.pool import RunnerPool
+from alight.config.schema import RayConfig, RunnerConfig
+from alight.runner.factory import make_pool
 from alight.runner.slots import PoolStats
 from alight.serving.background import sigterm_interrupts
 
 if TYPE_CHECKING:
     from alight.agent import LitAgent
+    from alight.runner.base import Pool
 
 logger = logging.getLogger(__name__)
 
@@ -23,14 +25,18 @@ def run_pool_until_interrupted(
     *,
     n_runners: int = 4,
     tracer: str = "light",
-    on_ready: Callable[[RunnerPool], None] | None = None,
+    backend: str = "local",
+    ray: RayConfig | None = None,
+    on_ready: Callable[[Pool], None] | None = None,
     **options: Any,
 ) -> PoolStats:
-    """Run a `RunnerPool` until Ctrl-C or SIGTERM (or until every worker has gone), then drain it:
-    workers finish their attempts within `drain_timeout_s`. A second Ctrl-C stops at once (the
-    attempts still running are recorded as failed, to be retried). Returns the pool's counts.
-    `options` are `RunnerPool` keyword arguments; a bad agent raises ConfigError."""
-    pool = RunnerPool(agent, store_url, n_runners=n_runners, tracer=tracer, **options)
+    """Run a runner pool (`backend`: local worker processes or Ray actors, see `make_pool`) until
+    Ctrl-C or SIGTERM (or until every runner has gone), then drain it: runners finish their
+    attempts within `drain_timeout_s`. A second Ctrl-C stops at once (the attempts still running
+    are recorded as failed, to be retried). Returns the pool's counts. `options` are keyword
+    arguments of the pools; a bad agent or backend raises ConfigError."""
+    cfg = RunnerConfig(backend=backend, n_runners=n_runners, tracer=tracer, ray=ray or RayConfig())
+    pool = make_pool(cfg, agent, store_url, **options)
     with sigterm_interrupts():
         try:
             try:

@@ -56,6 +56,7 @@ class Slot:
     crashes: int = 0  # consecutive deaths without a finished attempt in between
     restart_at: float | None = None
     kill_reason: tuple[AttemptStatus, str] | None = None
+    retired: bool = False  # scaled away: its worker drains and is not replaced
 
 
 def alive(process: BaseProcess | None) -> bool:

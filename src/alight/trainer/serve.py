@@ -63,11 +63,15 @@ def serve_runners(
     drain_timeout_s: float = 30.0,
     on_ready: Callable[[Any], None] | None = None,
     token: str | None = None,
+    backend: str = "local",
+    ray_address: str | None = None,
 ) -> PoolStats:
-    """Run `n_runners` worker processes on the rollouts of the store server at `store_url` until
+    """Run `n_runners` runners (`backend`: local worker processes, or Ray actors on the cluster at
+    `ray_address`, None: a local one) on the rollouts of the store server at `store_url` until
     Ctrl-C or SIGTERM, then drain (see `alight.runner.service`); returns the pool's counts. A bad
-    agent or URL raises ConfigError before any worker starts. `token`: the store's and the
-    proxy's (default: `ALIGHT_TOKEN`)."""
+    agent, backend or URL raises ConfigError before any runner starts. `token`: the store's and
+    the proxy's (default: `ALIGHT_TOKEN`)."""
+    from alight.config.schema import RayConfig
     from alight.runner.service import run_pool_until_interrupted
 
     return run_pool_until_interrupted(
@@ -75,6 +79,8 @@ def serve_runners(
         store_url,
         n_runners=n_runners,
         tracer=tracer,
+        backend=backend,
+        ray=RayConfig(address=ray_address),
         drain_timeout_s=drain_timeout_s,
         on_ready=on_ready,
         token=token,

@@ -3,23 +3,28 @@
 `alight dev` and `alight train` start the same stack: a SQLite store in the run directory served
 over HTTP (or an existing store server), the configured engine behind the proxy (which records
 every LLM call into the store), the policy published as the `llm` resource, and `n_runners`
-worker processes running the agent. What runners and agents are handed are the advertised URLs
-(`store.advertise_url`, `proxy.advertise_url`; see `alight.serving.advertise`), so that ones on
-other machines (`alight runner --store URL`) reach the same store and proxy.
+runners running the agent (worker processes, or Ray actors with `runner.backend: ray`). What
+runners and agents are handed are the advertised URLs (`store.advertise_url`, `proxy.advertise_url`;
+see `alight.serving.advertise`), so that ones on other machines (Ray actors, or `alight runner
+--store URL`) reach the same store and proxy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alight.config.schema import EngineConfig, ExperimentConfig
 from alight.errors import ConfigError
 from alight.serving.advertise import check_advertise_url
 from alight.serving.auth import TOKEN_ENV, is_loopback, resolve_token
 from alight.trainer.run_dir import STORE_FILE
+
+if TYPE_CHECKING:
+    from alight.runner.base import Pool
 
 logger = logging.getLogger(__name__)
 
@@ -62,23 +67,21 @@ class LocalStack:
         self.token = resolve_token()
         self._store_server: Any = None
         self.proxy_server: Any = None
-        self.pool: Any = None
+        self.pool: Pool | None = None
 
     def start(self) -> LocalStack:
         from alight.engines.factory import make_engine
         from alight.proxy.proxy import Proxy
         from alight.proxy.server import ProxyServer
-        from alight.runner.pool import RunnerPool
+        from alight.runner.factory import check_pool, make_pool
         from alight.store.client import StoreClient
 
-        if self.n_runners < 0:
-            count = self.n_runners
-            raise ConfigError(f"runner.n_runners must be 0 (runners on other machines only) or more, got {count}")
         store_advertise = self.cfg.store.advertise_url
         if store_advertise:  # a bad URL fails here, in one line naming the key, before anything starts
             store_advertise = check_advertise_url(store_advertise, "store.advertise_url")
         if self.cfg.proxy.advertise_url:
             check_advertise_url(self.cfg.proxy.advertise_url, "proxy.advertise_url")
+        check_pool(dataclasses.replace(self.cfg.runner, n_runners=self.n_runners))  # before the engine loads
         kind, options = engine_options(self.cfg.engine)
         engine = make_engine(kind, **options)  # bad engine options fail here, before anything starts
         try:
@@ -118,11 +121,11 @@ class LocalStack:
             asyncio.run(self._publish())
             self._tell_remote_runners()
             if self.n_runners > 0:
-                self.pool = RunnerPool(
+                self.pool = make_pool(
+                    self.cfg.runner,
                     self.cfg.agent.entrypoint,
                     self.store_advertise_url,
                     n_runners=self.n_runners,
-                    tracer=self.cfg.runner.tracer,
                     token=self.token,
                 ).start()
         except BaseException:

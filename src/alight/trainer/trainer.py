@@ -81,11 +81,13 @@ class Trainer:
         `data.train` / `data.val`. Input problems raise ConfigError before anything starts."""
         from alight.agent import load_agent
         from alight.backends.factory import check_backend
+        from alight.runner.factory import check_pool
         from alight.trainer.loop import RLLoop
 
         cfg = self._config_for(agent)
         _check_trainer(cfg)
         check_backend(cfg)
+        check_pool(cfg.runner)
         load_agent(cfg.agent.entrypoint)  # an entrypoint that does not import fails here, in one line
         train_rows = self._rows(train_data, cfg.data.train, cfg.data.train_size, "train")
         if train_rows is None:
