@@ -303,6 +303,28 @@ def test_alight_dev_runs_the_agent_on_the_embedded_tiny_model(tmp_path: Path) ->
     assert {s.attributes[semconv.TOOL_NAME] for s in recorded if s.kind == SpanKind.TOOL} <= {"calculate"}
 
 
+def formula_script(request: dict[str, Any]) -> dict[str, Any]:
+    """A model that knows calc's three templates: the right formula, then `Done.`."""
+    if request["messages"][-1]["role"] == "tool":
+        return answer(SUBMIT)
+    question = request["messages"][0]["content"]
+    formula = "a*b" if " buys " in question else "a-b" if " sold " in question else "a+b"
+    return tool_call("calculate", {"expression": formula})
+
+
+@pytest.mark.slow
+def test_alight_dev_against_an_openai_compatible_endpoint(tmp_path: Path) -> None:
+    with ScriptedOpenAIServer(formula_script, model=None) as upstream:
+        done = alight(
+            "dev", str(CONFIG), "--n", "3", "--json", "--endpoint", upstream.url, "--model", "scripted",
+            "--run-dir", str(tmp_path / "dev"), "runner.n_runners=1",
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["rollouts"]
+    assert [(r["status"], r["reward"], r["llm_calls"], r["tool_calls"]) for r in rows] == [("succeeded", 1.0, 2, 1)] * 3
+    assert len(upstream.requests) == 6
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_short_training_run_completes_and_records_rewards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
