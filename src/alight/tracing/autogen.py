@@ -25,6 +25,7 @@ from typing import Any
 import autogen_core
 from autogen_core.tools import BaseTool
 
+from alight.errors import one_line
 from alight.tracing.context import current_frame, enter_agent, exit_agent, tool_attributes
 from alight.types import SpanKind, SpanStatus
 
@@ -69,7 +70,7 @@ def _traced_run_json(run_json: Callable[..., Any]) -> Callable[..., Any]:
             value = await run_json(self, args, cancellation_token, call_id=call_id)
         except BaseException as err:
             active.attributes.update(tool_attributes(self.name, arguments, f"{type(err).__name__}: {err}", error=True))
-            active.end(SpanStatus.ERROR, str(err) or type(err).__name__)
+            active.end(SpanStatus.ERROR, one_line(err))
             raise
         active.attributes.update(tool_attributes(self.name, arguments, self.return_value_as_string(value)))
         active.end()
