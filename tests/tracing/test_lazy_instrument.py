@@ -12,7 +12,7 @@ CHECK = textwrap.dedent(
     from alight.tracing import make_tracer
 
     make_tracer("light").instrument()
-    print(sorted(m for m in ("openai", "langchain_core", "agents") if m in sys.modules))
+    print(sorted(m for m in ("openai", "langchain_core", "agents", "autogen_core") if m in sys.modules))
     import openai._base_client as base
     print(hasattr(base.SyncAPIClient.request, "__wrapped__"))
     import agents
@@ -28,4 +28,4 @@ def test_libraries_are_hooked_on_their_first_import_not_before() -> None:
     imported_at_instrument, openai_hooked, still_pending = done.stdout.split("\n")[:3]
     assert imported_at_instrument == "[]"
     assert openai_hooked == "True"
-    assert still_pending == "['langchain_core']"  # the Agents SDK does not import LangChain
+    assert still_pending == "['autogen_core', 'langchain_core']"  # the Agents SDK imports neither

@@ -1,8 +1,8 @@
 """Tracing: record what an agent does (LLM calls, tools, rewards) as spans in the store.
 
 Two tracers make the same `Span` records: `LightTracer` (no dependency) and `OtelTracer`
-(OpenTelemetry SDK). `Tracer.instrument()` hooks openai, LangChain/LangGraph and the OpenAI
-Agents SDK so agent code needs no alight call; `emit_reward`, `emit_tool` and `emit_exception`
+(OpenTelemetry SDK). `Tracer.instrument()` hooks openai, LangChain/LangGraph, the OpenAI
+Agents SDK and AutoGen AgentChat so agent code needs no alight call; `emit_reward`, `emit_tool` and `emit_exception`
 work anywhere inside a rollout. The store server also receives OTLP/HTTP (`alight.store.otlp`).
 """
 

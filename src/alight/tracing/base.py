@@ -3,8 +3,8 @@
 `tracer.attempt(store, rollout, attempt, agent_name=...)` wraps one run of the agent: it opens an
 AGENT span for the run, makes the attempt current for the code inside (see `context`), and writes
 every finished span to the store when it exits. `instrument()` hooks the libraries agents use
-(openai, LangChain/LangGraph, the OpenAI Agents SDK) once per process, so agent code needs no
-alight call to be traced.
+(openai, LangChain/LangGraph, the OpenAI Agents SDK, AutoGen) once per process, so agent code
+needs no alight call to be traced.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ class Tracer(abc.ABC):
     """Records the spans of attempts into a store; subclasses choose how spans are made."""
 
     def instrument(self) -> None:
-        """Hook openai, LangChain/LangGraph and the OpenAI Agents SDK (those installed). Idempotent,
-        once per process; the hooks act only inside an attempt."""
+        """Hook openai, LangChain/LangGraph, the OpenAI Agents SDK and AutoGen (those installed).
+        Idempotent, once per process; the hooks act only inside an attempt."""
         from alight.tracing.instrument import instrument_all
 
         instrument_all()

@@ -49,11 +49,19 @@ def _instrument_agents() -> bool:
     return instrument_openai_agents()
 
 
+def _instrument_autogen() -> bool:
+    from alight.tracing.autogen import instrument_autogen
+
+    return instrument_autogen()
+
+
 #: (module whose import triggers it, label, instrumentation)
 _LIBRARIES: tuple[tuple[str, str, Callable[[], bool]], ...] = (
     ("openai", "openai", _instrument_openai),
     ("langchain_core", "langchain", _instrument_langchain),
     ("agents", "openai-agents", _instrument_agents),
+    # autogen_core, not AgentChat: its span helper must be wrapped before AgentChat imports it by name
+    ("autogen_core", "autogen", _instrument_autogen),
 )
 
 
@@ -100,7 +108,7 @@ _hooks = _PostImportHooks()
 
 
 def instrument_all() -> list[str]:
-    """Instrument openai, LangChain and the OpenAI Agents SDK where installed: at once when
+    """Instrument openai, LangChain, the OpenAI Agents SDK and AutoGen where installed: at once when
     imported, else on their first import. Returns what was instrumented now or will be."""
     done: list[str] = []
     with _lock:
