@@ -134,19 +134,28 @@ class EmbeddingRetriever:
         self.model_name = model
         self.embedded_passages = 0  # passages this instance embedded (0 when the cache served them)
         self._encoder = _load_encoder(model)
-        cache = None if cache_dir is None else Path(cache_dir) / f"{self.cache_key()}.npy"
-        if cache is not None and cache.is_file():
-            self.vectors = np.load(cache)
-            logger.info("loaded %d passage embeddings from %s", len(self.vectors), cache)
+        if cache_dir is None:
+            self.vectors = self._embed_corpus()
         else:
-            self.vectors = self._encode([passage_text(p) for p in self.passages])
-            self.embedded_passages = len(self.passages)
-            if cache is not None:
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                partial = cache.with_suffix(f".{os.getpid()}.tmp.npy")  # atomic: runners may race
-                np.save(partial, self.vectors)
-                partial.replace(cache)
+            from filelock import FileLock
+
+            cache = Path(cache_dir) / f"{self.cache_key()}.npy"
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(cache.with_suffix(".lock"))):  # one process embeds, the others wait and load
+                if cache.is_file():
+                    self.vectors = np.load(cache)
+                    logger.info("loaded %d passage embeddings from %s", len(self.vectors), cache)
+                else:
+                    self.vectors = self._embed_corpus()
+                    partial = cache.with_suffix(f".{os.getpid()}.tmp.npy")
+                    np.save(partial, self.vectors)
+                    partial.replace(cache)
         self._faiss_index = _faiss_index(self.vectors) if len(self.passages) >= FAISS_MIN_PASSAGES else None
+
+    def _embed_corpus(self) -> Any:
+        logger.info("embedding %d passages with %s", len(self.passages), self.model_name)
+        self.embedded_passages = len(self.passages)
+        return self._encode([passage_text(p) for p in self.passages])
 
     def cache_key(self) -> str:
         """Hash of the corpus and of the model (its name and its files' sizes)."""
@@ -228,3 +237,24 @@ class BM25Retriever:
         ids, scores = self._index.retrieve(tokens, k=k, show_progress=False, n_threads=1)
         # a passage sharing no word with the query scores 0: not a match
         return [(self.passages[int(i)], float(s)) for i, s in zip(ids[0], scores[0], strict=True) if s > 0]
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Embed a corpus once (before training), into the agent's index cache.")
+    parser.add_argument("corpus", type=Path, help="jsonl of {id, title, text}")
+    parser.add_argument(
+        "--model", default=None, help="sentence-transformers model directory (default: all-MiniLM-L6-v2)"
+    )
+    default_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "alight" / "rag_index"
+    parser.add_argument("--cache-dir", type=Path, default=default_cache)
+    args = parser.parse_args()
+    retriever = make_retriever(load_corpus(args.corpus), "embeddings", args.model, args.cache_dir)
+    assert isinstance(retriever, EmbeddingRetriever)
+    state = f"embedded {retriever.embedded_passages}" if retriever.embedded_passages else "found cached"
+    print(f"{state} vectors of {len(retriever.passages)} passages in {args.cache_dir}/{retriever.cache_key()}.npy")
+
+
+if __name__ == "__main__":
+    main()

@@ -36,7 +36,7 @@ reward = attr(AGENT, "reward")
 token_f1 = attr(AGENT, "token_f1")
 format_results = attr(AGENT, "format_results")
 load_questions = attr(DATA, "load_questions")
-build_dataset = attr(DATA, "build_dataset")
+build_dataset = attr(RECIPE / "world.py", "build_dataset")
 demonstrations = attr(DATA, "demonstrations")
 load_corpus = attr(RETRIEVAL, "load_corpus")
 make_retriever = attr(RETRIEVAL, "make_retriever")
@@ -451,5 +451,7 @@ def test_alight_train_rag_completes_and_records_rewards(tmp_path: Path) -> None:
     (run_dir,) = (tmp_path / "runs").iterdir()
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics, "no metrics recorded"
-    rewards = [m[k] for m in metrics for k in m if k.endswith("reward_mean")]
-    assert rewards and all(0.0 <= r <= 1.0 for r in rewards)
+    (step,) = [m for m in metrics if m.get("step") == 1]
+    assert step["rollouts/succeeded"] == 2 and 0.0 <= step["train/reward_mean"] <= 1.0  # 1 task x 2 rollouts
+    assert step["transitions"] >= 2  # the "rag" agent's calls were trained on
+    assert 0.0 <= metrics[0]["val/reward_mean"] <= 1.0
