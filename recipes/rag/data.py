@@ -171,16 +171,44 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
             out.write(json.dumps(row) + "\n")
 
 
+def recall_at_k(retriever: Any, rows: list[dict[str, Any]], k: int) -> dict[str, float]:
+    """Shares of questions for which `retriever.search(..., k)` finds: hop 1's paragraph from the
+    question (`hop1_question`), hop 2's from hop 1's answer (`hop2_bridge`), and both supporting
+    paragraphs from the question alone (`both_from_question`: what one search can do)."""
+    hop1 = hop2 = both = 0
+    for row in rows:
+        first, second = row["question_decomposition"][:2]
+        title1 = row["paragraphs"][first["paragraph_support_idx"]]["title"]
+        title2 = row["paragraphs"][second["paragraph_support_idx"]]["title"]
+        found = [passage.title for passage, _ in retriever.search(row["question"], k)]
+        hop1 += title1 in found
+        both += title1 in found and title2 in found
+        hop2 += title2 in [passage.title for passage, _ in retriever.search(first["answer"], k)]
+    n = max(len(rows), 1)
+    return {"hop1_question": hop1 / n, "hop2_bridge": hop2 / n, "both_from_question": both / n}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Write the rag recipe's questions.jsonl and corpus.jsonl.")
     parser.add_argument("--out", type=Path, default=DATA_DIR, help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="seed of the invented world")
+    parser.add_argument(
+        "--recall", choices=("bm25", "embeddings"), help="print recall@1,2,5 of the shipped set instead"
+    )
     args = parser.parse_args()
+    if args.recall:
+        retrieval = HERE / "retrieval.py"
+        corpus = resolve_entrypoint(f"{retrieval}:load_corpus", what="rag recipe")(CORPUS_FILE)
+        retriever = resolve_entrypoint(f"{retrieval}:make_retriever", what="rag recipe")(corpus, args.recall)
+        rows = read_musique(QUESTIONS_FILE)
+        results = {k: recall_at_k(retriever, rows, k) for k in (1, 2, 5)}
+        print(json.dumps({"method": args.recall, "questions": len(rows), "recall_at_k": results}))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
-    questions, corpus = build_dataset(args.seed)
+    questions, corpus_rows = build_dataset(args.seed)
     _write_jsonl(args.out / "questions.jsonl", questions)
-    _write_jsonl(args.out / "corpus.jsonl", corpus)
-    print(f"wrote {len(questions)} questions and {len(corpus)} passages to {args.out}")
+    _write_jsonl(args.out / "corpus.jsonl", corpus_rows)
+    print(f"wrote {len(questions)} questions and {len(corpus_rows)} passages to {args.out}")
 
 
 if __name__ == "__main__":

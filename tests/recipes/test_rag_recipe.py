@@ -38,6 +38,7 @@ format_results = attr(AGENT, "format_results")
 load_questions = attr(DATA, "load_questions")
 build_dataset = attr(RECIPE / "world.py", "build_dataset")
 demonstrations = attr(DATA, "demonstrations")
+recall_at_k = attr(DATA, "recall_at_k")
 load_corpus = attr(RETRIEVAL, "load_corpus")
 make_retriever = attr(RETRIEVAL, "make_retriever")
 Passage = attr(RETRIEVAL, "Passage")
@@ -298,6 +299,25 @@ def test_auto_falls_back_to_bm25_without_an_embedding_model(corpus: list[Any], m
         make_retriever(corpus, "tfidf")
     monkeypatch.setattr(retrieval, "embeddings_available", lambda: False)  # as if sentence-transformers were absent
     assert type(make_retriever(corpus, "auto", model="/some/model")).__name__ == "BM25Retriever"
+
+
+def test_one_search_rarely_finds_both_hops_two_searches_do(corpus: list[Any]) -> None:
+    """recall@k on the shipped set with BM25 (the README's figure, embeddings alike): the question
+    finds hop 1's paragraph, the bridge entity hop 2's, the question alone almost never both."""
+    rows = shipped_rows()
+    bm25 = make_retriever(corpus, "bm25")
+    at1, at5 = recall_at_k(bm25, rows, 1), recall_at_k(bm25, rows, 5)
+    assert at1 == {"hop1_question": 1.0, "hop2_bridge": 1.0, "both_from_question": 0.0}
+    assert at5["hop1_question"] == at5["hop2_bridge"] == 1.0 and at5["both_from_question"] < 0.1
+    # the measure itself, on a retriever that only ever returns hop 1's paragraph
+    first = rows[0]["paragraphs"][rows[0]["question_decomposition"][0]["paragraph_support_idx"]]
+    only = Passage("x", first["title"], first["paragraph_text"])
+
+    class Fixed:
+        def search(self, query: str, k: int) -> list[tuple[Any, float]]:
+            return [(only, 1.0)]
+
+    assert recall_at_k(Fixed(), rows[:1], 1) == {"hop1_question": 1.0, "hop2_bridge": 0.0, "both_from_question": 0.0}
 
 
 def test_search_results_are_compact_lines() -> None:
