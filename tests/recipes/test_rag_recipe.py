@@ -327,6 +327,50 @@ def test_search_results_are_compact_lines() -> None:
     assert format_results([], 30) == "no results"
 
 
+# -- the agent on its own, against a scripted server -------------------------------------------
+
+
+def test_without_a_corpus_the_agent_searches_the_questions_own_paragraphs() -> None:
+    retriever_for = attr(AGENT, "retriever_for")
+    task = _musique_row("2hop__7")
+    retriever = retriever_for(task, {"corpus": None, "method": "bm25", "model": None})
+    assert retriever.search("Where was Ana Bo born?", 2)[0][0].title == "Ana Bo"
+    assert {p.title for p in retriever.passages} == {"Book 2hop__7", "Ana Bo"}
+
+
+@pytest.mark.parametrize(
+    ("replies", "expected"),
+    [
+        ("search_then_answer", 1.0),
+        ("unknown_tool", 0.0),  # the SDK refuses a tool the agent lacks: no answer, reward 0
+        ("never_answers", 0.0),  # searches until max_turns runs out
+        ("answers_untagged", 0.9),
+    ],
+)
+def test_answer_scores_the_final_output(replies: str, expected: float) -> None:
+    from alight import LLM
+    from tests.fixtures.openai_server import ScriptedOpenAIServer, answer, tool_call
+
+    answer_fn = attr(AGENT, "answer")
+    row = load_questions(1, seed=0, retrieval="bm25", max_turns=3)[0]
+    search = tool_call("search", {"query": row["question"]})
+    script = {
+        "search_then_answer": [search, answer(f"<answer>{row['answer']}</answer>")],
+        "unknown_tool": [tool_call("lookup", {"query": "x"})],
+        "never_answers": [search, search, search],
+        "answers_untagged": [answer(row["answer"])],
+    }[replies]
+    with ScriptedOpenAIServer(script) as server:
+        got = asyncio.run(answer_fn(row, LLM(model="scripted", base_url=server.url, api_key="x")))
+    assert got == pytest.approx(expected)
+    if replies == "search_then_answer":
+        tool_message = next(m for m in server.requests[1].body["messages"] if m["role"] == "tool")
+        first = row["paragraphs"][row["question_decomposition"][0]["paragraph_support_idx"]]["paragraph_text"]
+        assert tool_message["content"].startswith(first[:120])  # the question finds hop 1's paragraph
+    if replies == "never_answers":
+        assert len(server.requests) == 3  # max_turns from the row
+
+
 # -- the agent through the runner pool --------------------------------------------------------
 
 
