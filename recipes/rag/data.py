@@ -118,7 +118,8 @@ def load_questions(
         "max_turns": max_turns,
         "reward": {"format_weight": format_weight, "f1_weight": f1_weight},
     }
-    return [{**row, **settings} for row in rows[:n]]
+    # the question first, so that `alight dev` shows it
+    return [{"question": row["question"], **row, **settings} for row in rows[:n]]
 
 
 # -- demonstrations --------------------------------------------------------------------------
