@@ -21,6 +21,7 @@ from alight.adapters import SpanAdapter
 from alight.entrypoints import resolve_entrypoint
 from alight.types import Span, SpanKind
 from tests.fixtures.openai_server import ScriptedOpenAIServer, answer, tool_call
+from tests.recipes.stored_runs import selected_agents, stored_run
 
 pytest.importorskip("autogen_agentchat")
 
@@ -327,7 +328,9 @@ def test_alight_dev_against_an_openai_compatible_endpoint(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_short_training_run_completes_and_records_rewards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_short_training_run_completes_and_records_rewards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_dir: Path
+) -> None:
     from alight.config import load_config, to_object
     from alight.trainer import Trainer
 
@@ -356,3 +359,17 @@ def test_a_short_training_run_completes_and_records_rewards(tmp_path: Path, monk
         assert 0.0 <= m["val/reward_mean"] <= 1.0
     assert 0.0 <= lines[1]["train/reward_mean"] <= 1.0
     assert lines[1]["rollouts/succeeded"] == 4 and lines[1]["transitions"] >= 4
+
+    # What the embedded engine and the real pool recorded: the assistant's calls under its name,
+    # token ids from the engine, `calculate` as the only tool; the adapter keeps every call.
+    cfg = to_object(load_config(CONFIG, short))
+    run = stored_run(result.run_dir)
+    agents = run.llm_agents()
+    assert set(agents) == {"calculator"} and agents["calculator"] >= 4, agents
+    assert set(run.tools()) <= {"calculate"}
+    assert run.token_id_sources() == {"engine"}
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_dir))
+    assert selected_agents(run, cfg, tokenizer, "transition") == agents
+    assert set(selected_agents(run, cfg, tokenizer, "trajectory")) == {"calculator"}

@@ -20,6 +20,7 @@ import pytest
 from alight.data import load_rows
 from alight.entrypoints import resolve_entrypoint
 from alight.errors import ConfigError
+from tests.recipes.stored_runs import selected_agents, stored_run
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "rag"
@@ -484,7 +485,7 @@ def test_the_agents_sdk_agent_runs_through_the_pool(rag_loop: tuple[str, str, An
 
 
 @pytest.mark.slow
-def test_alight_train_rag_completes_and_records_rewards(tmp_path: Path) -> None:
+def test_alight_train_rag_completes_and_records_rewards(tmp_path: Path, tiny_dir: Path) -> None:
     """A very short `alight train configs/rag.yaml` on the tiny model: it ends and logs rewards."""
     import os
     import subprocess
@@ -519,3 +520,19 @@ def test_alight_train_rag_completes_and_records_rewards(tmp_path: Path) -> None:
     assert step["rollouts/succeeded"] == 2 and 0.0 <= step["train/reward_mean"] <= 1.0  # 1 task x 2 rollouts
     assert step["transitions"] >= 2  # the "rag" agent's calls were trained on
     assert 0.0 <= metrics[0]["val/reward_mean"] <= 1.0
+
+    # What the embedded engine and the real pool recorded: the agent's calls under its name, token
+    # ids from the engine, `search` as the only tool; the adapter keeps every call of "rag".
+    from transformers import AutoTokenizer
+
+    from alight.config import load_config, to_object
+
+    run = stored_run(run_dir)
+    agents = run.llm_agents()
+    assert set(agents) == {"rag"} and agents["rag"] >= 2, agents
+    assert set(run.tools()) <= {"search"}
+    assert run.token_id_sources() == {"engine"}
+    cfg = to_object(load_config(REPO / "configs" / "rag.yaml", overrides))
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_dir))
+    assert selected_agents(run, cfg, tokenizer, "transition") == agents
+    assert set(selected_agents(run, cfg, tokenizer, "trajectory")) == {"rag"}

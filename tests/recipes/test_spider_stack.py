@@ -27,6 +27,7 @@ from alight.entrypoints import resolve_entrypoint
 from alight.types import Rollout, RolloutStatus, Span, SpanKind, Task
 from tests.fixtures.openai_server import ScriptedOpenAIServer
 from tests.recipes.spider_script import CHECK_PROMPT, EXPECTED, KINDS, plans_for, spider_script
+from tests.recipes.stored_runs import selected_agents, stored_run
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("langgraph", reason="the agents extra runs the recipe's LangGraph agent")
@@ -201,7 +202,7 @@ def test_dev_measures_execution_accuracy_exactly(bundled: Path, tmp_path: Path) 
 
 @pytest.mark.timeout(300)
 def test_short_spider_training_completes_and_records_rewards(
-    bundled: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_torch_thread: None
+    bundled: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_torch_thread: None, tiny_dir: Path
 ) -> None:
     from alight.store.sqlite import SqliteStore
     from alight.trainer import Trainer
@@ -241,3 +242,21 @@ def test_short_spider_training_completes_and_records_rewards(
 
     rollouts = asyncio.run(train_rollouts())
     assert len(rollouts) == 4 and all(r.reward is not None for r in rollouts)
+
+    # What the embedded engine and the real pool recorded: the graph's nodes as agents (the untrained
+    # model never answers CORRECT, so each rollout writes, checks, rewrites), run_sql as the tool,
+    # token ids from the engine; the adapter keeps the writer's and rewriter's calls only.
+    from transformers import AutoTokenizer
+
+    run = stored_run(result.run_dir)
+    agents = run.llm_agents()
+    assert set(agents) == {"write_query", "check_query", "rewrite_query"}, agents
+    assert agents["write_query"] == 4 and agents["check_query"] == agents["rewrite_query"] == 4
+    assert run.tools() == {"run_sql": 8}  # two queries per rollout (max_turns 2)
+    assert run.token_id_sources() == {"engine"}
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_dir))
+    for mode in ("transition", "trajectory"):
+        selected = selected_agents(run, cfg, tokenizer, mode)
+        assert set(selected) == {"write_query", "rewrite_query"}, (mode, selected)
+        if mode == "transition":
+            assert selected == {"write_query": 4, "rewrite_query": 4}
