@@ -185,7 +185,7 @@ def test_dev_measures_execution_accuracy_exactly(bundled: Path, tmp_path: Path) 
 
     cfg = spider_config(bundled, tmp_path, "runner.n_runners=2")
     n = 8
-    tasks = dev_rows(cfg, n)  # the questions dev runs, in its order
+    _, tasks = dev_rows(cfg, n)  # the questions dev runs, in its order
     kinds = [KINDS[i % len(KINDS)] for i in range(n)]
     with ScriptedOpenAIServer(spider_script(plans_for(tasks, kinds))) as server:
         run = run_dev(cfg, tmp_path / "dev", n=n, endpoint=server.url, model=SERVED_NAME)

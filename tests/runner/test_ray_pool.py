@@ -313,3 +313,23 @@ def test_an_actor_whose_agent_blocks_its_event_loop_past_the_timeout_is_killed_a
     assert first.status is AttemptStatus.TIMEOUT, first
     assert second.status is AttemptStatus.SUCCEEDED and second.worker_id != first.worker_id and rollout.reward == 0.5
     assert (stats.workers_killed, stats.workers_restarted, stats.attempts_timed_out) == (1, 1, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_actor_that_stops_answering_is_killed_and_replaced_before_its_attempts_deadline(
+    ray_cluster: Any, store_server: Any
+) -> None:
+    """The backstop for an actor whose event loop is blocked: its long poll goes unanswered past
+    EVENT_POLL_S + unresponsive_s, long before the attempt's own deadline (300 s here)."""
+    url = store_server.url
+    tasks = [{"fault": "block_loop", "on": [1], "reward": 0.5}]
+    [rollout_id] = asyncio.run(_enqueue(url, tasks, max_attempts=2, timeout_s=300.0))
+    with _ray_pool(url, "fault_agent", n=1, unresponsive_s=0.5, restart_backoff_s=0.1) as pool:
+        [rollout], [attempts], _ = asyncio.run(_ended(url, [rollout_id]))
+        assert pool.wait_for_idle(timeout_s=30)
+        stats = pool.stats()
+    first, second = attempts
+    assert first.status is AttemptStatus.TIMEOUT and "answered nothing" in (first.error or ""), first
+    assert second.status is AttemptStatus.SUCCEEDED and rollout.reward == 0.5
+    assert (stats.workers_killed, stats.workers_restarted) == (1, 1)

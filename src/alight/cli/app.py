@@ -203,8 +203,9 @@ def dev(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
-    """Dry-run the configured agent on a few tasks (no training) and show what each rollout did; with
-    --split val --all --model RUN_DIR, evaluate a trained model: the mean reward and every task's."""
+    """Dry-run the agent on a few tasks (no training), or evaluate a model: --split val --all --model RUN_DIR.
+
+    Each rollout is shown (status, reward, LLM and tool calls, time, error), then the mean reward."""
     from rich.console import Console
 
     from alight.cli import dev_render as show

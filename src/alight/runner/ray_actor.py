@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 #: How long one `next_events` call waits for news before it returns empty (and is asked again).
 EVENT_POLL_S = 10.0
+#: Longest wait, after a claim, for the pool to have read it before the agent runs anyway.
+CLAIM_READ_WAIT_S = 2.0
 
 
 class _EventLog(AttemptWatcher):
@@ -30,11 +32,26 @@ class _EventLog(AttemptWatcher):
 
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []
-        self.first = 0  # the number of the first event still kept
+        self.first = 0  # the number of the first event still kept (those before it, the pool has read)
         self.changed = asyncio.Event()
+        self.read = asyncio.Event()  # set when the pool says it has read more events
 
     def claimed(self, claim: Claim) -> None:
         self._add(("claim", claim.attempt.attempt_id, claim.rollout.rollout_id, claim.rollout.timeout_s))
+
+    async def before_agent(self, claim: Claim) -> None:
+        """Wait until the pool has read the claim (up to CLAIM_READ_WAIT_S): the pool enforces the
+        attempt's time limit only for claims it knows of, and an agent that blocks this event loop
+        would keep the claim from ever reaching it."""
+        wanted = self.first + len(self.events)
+        deadline = asyncio.get_running_loop().time() + CLAIM_READ_WAIT_S
+        while self.first < wanted:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            self.read.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.read.wait(), left)
 
     def finished(self, claim: Claim, status: AttemptStatus | None) -> None:
         self._add(("done", claim.attempt.attempt_id, None if status is None else status.value))
@@ -107,7 +124,9 @@ class RunnerActor:
         """The events after the first `seen` (those are forgotten), waiting up to `wait_s` for one."""
         log = self.log
         del log.events[: max(0, seen - log.first)]
-        log.first = max(log.first, seen)
+        if seen > log.first:
+            log.first = seen
+            log.read.set()
         if not log.events and wait_s > 0:
             log.changed.clear()
             with contextlib.suppress(TimeoutError):

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from alight.config.schema import RayConfig
 from alight.errors import ConfigError
 from alight.runner.pool import TRACERS, record_end, store_counts
-from alight.runner.ray_actor import RunnerActor
+from alight.runner.ray_actor import EVENT_POLL_S, RunnerActor
 from alight.runner.ray_cluster import actor_options, check_capacity, connect
 from alight.runner.slots import Held, PoolStats
 from alight.runner.worker import WorkerSpec
@@ -62,6 +62,7 @@ class _Seat:
     restart_at: float | None = None
     kill_reason: tuple[AttemptStatus, str] | None = None
     retired: bool = False
+    events_asked_at: float = 0.0  # when the long poll now pending was sent
 
 
 class RayRunnerPool:
@@ -82,6 +83,7 @@ class RayRunnerPool:
         tracer: str = "light",
         drain_timeout_s: float = 30.0,
         kill_grace_s: float = 2.0,
+        unresponsive_s: float = 60.0,
         poll_interval_s: float = 0.05,
         max_poll_interval_s: float = 0.5,
         heartbeat_interval_s: float = 2.0,
@@ -105,6 +107,9 @@ class RayRunnerPool:
         self.tracer = tracer
         self.drain_timeout_s = drain_timeout_s
         self.kill_grace_s = kill_grace_s
+        # An actor whose long poll stays unanswered this long past EVENT_POLL_S has its event loop
+        # blocked (by an agent): it can neither heartbeat nor report, so it is killed and replaced.
+        self.unresponsive_s = unresponsive_s
         self.poll_interval_s = poll_interval_s
         self.max_poll_interval_s = max_poll_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -331,6 +336,7 @@ class RayRunnerPool:
             if ref == seat.events_ref:
                 self._on_events(seat, answer)
                 seat.events_ref = seat.actor.next_events.remote(seat.seen)
+                seat.events_asked_at = now
             elif ref == seat.ready_ref:
                 seat.ready_ref = None
                 if answer is not None:
@@ -340,6 +346,7 @@ class RayRunnerPool:
                 seat.ready = True
                 seat.run_ref = seat.actor.run.remote()
                 seat.events_ref = seat.actor.next_events.remote(0)
+                seat.events_asked_at = now
                 if self._stop_deadline is not None or seat.retired:
                     self._drain(seat)
             elif ref == seat.run_ref:
@@ -379,6 +386,12 @@ class RayRunnerPool:
             reason = (
                 f"killed by the runner pool: the attempt ran past its timeout of {held.timeout_s:g} s "
                 f"(+{self.kill_grace_s:g} s grace) and the agent did not stop"
+            )
+            seat.kill_reason = (AttemptStatus.TIMEOUT, reason)
+        elif seat.events_ref is not None and now - seat.events_asked_at > EVENT_POLL_S + self.unresponsive_s:
+            silent = now - seat.events_asked_at
+            reason = (
+                f"killed by the runner pool: the actor answered nothing for {silent:.0f} s (its event loop is blocked)"
             )
             seat.kill_reason = (AttemptStatus.TIMEOUT, reason)
         elif self._stop_deadline is not None and now >= self._stop_deadline:

@@ -42,6 +42,11 @@ class AttemptWatcher:
     def claimed(self, claim: Claim) -> None:
         """The runner now holds `claim.attempt` (its time limit counts from about now)."""
 
+    async def before_agent(self, claim: Claim) -> None:
+        """Awaited after `claimed`, before the agent runs: a watcher that reports to a supervisor
+        through the runner's own event loop waits here until the report is out (an agent that
+        blocks the loop would otherwise hide the claim from the supervisor)."""
+
     def finished(self, claim: Claim, status: AttemptStatus | None) -> None:
         """The runner let go of the attempt; `status` is how it ended (None: it ended elsewhere)."""
 
@@ -164,6 +169,7 @@ class Runner:
         self.watcher.claimed(claim)
         outcome = Outcome(status=None)
         try:
+            await self.watcher.before_agent(claim)
             outcome = await self._attempt(claim)
             return await self._finish(claim, outcome)
         except asyncio.CancelledError:
