@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 #: How long one `next_events` call waits for news before it returns empty (and is asked again).
 EVENT_POLL_S = 10.0
-#: Longest wait, after a claim, for the pool to have read it before the agent runs anyway.
+#: Longest wait, after a claim, for it to be on its way to the pool before the agent runs anyway.
 CLAIM_READ_WAIT_S = 2.0
 
 
@@ -34,24 +34,29 @@ class _EventLog(AttemptWatcher):
         self.events: list[tuple[Any, ...]] = []
         self.first = 0  # the number of the first event still kept (those before it, the pool has read)
         self.changed = asyncio.Event()
-        self.read = asyncio.Event()  # set when the pool says it has read more events
+        self.sent = 0  # the events a `next_events` call has returned so far (in Ray's hands)
+        self.progress = asyncio.Event()  # set when more events are returned or read
 
     def claimed(self, claim: Claim) -> None:
         self._add(("claim", claim.attempt.attempt_id, claim.rollout.rollout_id, claim.rollout.timeout_s))
 
     async def before_agent(self, claim: Claim) -> None:
-        """Wait until the pool has read the claim (up to CLAIM_READ_WAIT_S): the pool enforces the
-        attempt's time limit only for claims it knows of, and an agent that blocks this event loop
-        would keep the claim from ever reaching it."""
+        """Wait until a `next_events` call has returned the claim (up to CLAIM_READ_WAIT_S), then
+        let the loop hand that answer to Ray's own threads: the pool enforces the attempt's time
+        limit only for claims it knows of, and an agent that blocks this event loop would otherwise
+        keep the claim from ever leaving it."""
         wanted = self.first + len(self.events)
-        deadline = asyncio.get_running_loop().time() + CLAIM_READ_WAIT_S
-        while self.first < wanted:
-            left = deadline - asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLAIM_READ_WAIT_S
+        while max(self.sent, self.first) < wanted:
+            left = deadline - loop.time()
             if left <= 0:
                 return
-            self.read.clear()
+            self.progress.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.read.wait(), left)
+                await asyncio.wait_for(self.progress.wait(), left)
+        for _ in range(2):  # the returned call's result reaches Ray's thread through loop callbacks
+            await asyncio.sleep(0)
 
     def finished(self, claim: Claim, status: AttemptStatus | None) -> None:
         self._add(("done", claim.attempt.attempt_id, None if status is None else status.value))
@@ -126,9 +131,11 @@ class RunnerActor:
         del log.events[: max(0, seen - log.first)]
         if seen > log.first:
             log.first = seen
-            log.read.set()
+            log.progress.set()
         if not log.events and wait_s > 0:
             log.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(log.changed.wait(), wait_s)
+        log.sent = log.first + len(log.events)
+        log.progress.set()
         return list(log.events)
