@@ -123,15 +123,22 @@ async def test_no_headers_outside_an_attempt(client: str, server: ScriptedOpenAI
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 async def test_the_openai_sdk_takes_one_sequence_number_per_call(
-    server: ScriptedOpenAIServer, attempt: Attempt
+    sync: bool, server: ScriptedOpenAIServer, attempt: Attempt
 ) -> None:
     import openai
 
-    client = openai.AsyncOpenAI(base_url=server.proxy_url(attempt.rollout_id, attempt.attempt_id), api_key="x")
+    base_url = server.proxy_url(attempt.rollout_id, attempt.attempt_id)
+    messages: Any = [{"role": "user", "content": "hi"}]
     numbers = []
     for _ in range(3):
-        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        if sync:
+            client = openai.OpenAI(base_url=base_url, api_key="x")
+            await asyncio.to_thread(client.chat.completions.create, model="m", messages=messages)
+        else:
+            aclient = openai.AsyncOpenAI(base_url=base_url, api_key="x")
+            await aclient.chat.completions.create(model="m", messages=messages)
         numbers.append(alight_headers(server)[semconv.HEADER_SEQUENCE_ID])
     assert numbers == ["2", "3", "4"]  # the SDK's numbers, the httpx hook adding none
     assert attempt.next_sequence_id() == 5
