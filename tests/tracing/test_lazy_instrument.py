@@ -12,9 +12,11 @@ CHECK = textwrap.dedent(
     from alight.tracing import make_tracer
 
     make_tracer("light").instrument()
-    print(sorted(m for m in ("openai", "langchain_core", "agents", "autogen_core") if m in sys.modules))
+    libraries = ("openai", "langchain_core", "agents", "autogen_core", "httpx", "requests", "aiohttp")
+    print(sorted(m for m in libraries if m in sys.modules))
     import openai._base_client as base
-    print(hasattr(base.SyncAPIClient.request, "__wrapped__"))
+    import httpx
+    print(hasattr(base.SyncAPIClient.request, "__wrapped__") and hasattr(httpx.Client.send, "__wrapped__"))
     import agents
     from alight.tracing import instrument
     print(sorted(instrument._pending))
@@ -28,4 +30,5 @@ def test_libraries_are_hooked_on_their_first_import_not_before() -> None:
     imported_at_instrument, openai_hooked, still_pending = done.stdout.split("\n")[:3]
     assert imported_at_instrument == "[]"
     assert openai_hooked == "True"
-    assert still_pending == "['autogen_core', 'langchain_core']"  # the Agents SDK imports neither
+    # The Agents SDK imports neither LangChain nor AutoGen, nor requests or aiohttp (openai brings httpx).
+    assert still_pending == "['aiohttp', 'autogen_core', 'langchain_core', 'requests']"

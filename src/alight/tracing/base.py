@@ -28,7 +28,8 @@ class Tracer(abc.ABC):
     """Records the spans of attempts into a store; subclasses choose how spans are made."""
 
     def instrument(self) -> None:
-        """Hook openai, LangChain/LangGraph, the OpenAI Agents SDK and AutoGen (those installed).
+        """Hook openai, LangChain/LangGraph, the OpenAI Agents SDK, AutoGen and the HTTP clients
+        (httpx, requests, aiohttp, urllib; those installed).
         Idempotent, once per process; the hooks act only inside an attempt."""
         from alight.tracing.instrument import instrument_all
 

@@ -55,6 +55,16 @@ def _instrument_autogen() -> bool:
     return instrument_autogen()
 
 
+def _instrument_http(library: str) -> Callable[[], bool]:
+    def hook() -> bool:
+        from alight.tracing import http_clients
+
+        instrument: Callable[[], bool] = getattr(http_clients, f"instrument_{library}")
+        return instrument()
+
+    return hook
+
+
 #: (module whose import triggers it, label, instrumentation)
 _LIBRARIES: tuple[tuple[str, str, Callable[[], bool]], ...] = (
     ("openai", "openai", _instrument_openai),
@@ -62,6 +72,11 @@ _LIBRARIES: tuple[tuple[str, str, Callable[[], bool]], ...] = (
     ("agents", "openai-agents", _instrument_agents),
     # autogen_core, not AgentChat: its span helper must be wrapped before AgentChat imports it by name
     ("autogen_core", "autogen", _instrument_autogen),
+    # Raw HTTP clients (proxy headers on requests to alight's proxy); the SDKs above send through httpx.
+    ("httpx", "httpx", _instrument_http("httpx")),
+    ("requests", "requests", _instrument_http("requests")),
+    ("aiohttp", "aiohttp", _instrument_http("aiohttp")),
+    ("urllib.request", "urllib", _instrument_http("urllib")),
 )
 
 
@@ -108,8 +123,9 @@ _hooks = _PostImportHooks()
 
 
 def instrument_all() -> list[str]:
-    """Instrument openai, LangChain, the OpenAI Agents SDK and AutoGen where installed: at once when
-    imported, else on their first import. Returns what was instrumented now or will be."""
+    """Instrument openai, LangChain, the OpenAI Agents SDK, AutoGen and the HTTP clients (httpx,
+    requests, aiohttp, urllib) where installed: at once when imported, else on their first import.
+    Returns what was instrumented now or will be."""
     done: list[str] = []
     with _lock:
         for module, label, hook in _LIBRARIES:
