@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tomllib
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -103,16 +104,30 @@ def requirement_of(metadata: dict[str, Any], name: str) -> Requirement:
     raise AssertionError(f"{metadata['name']} does not require {name}")
 
 
+GPU_SETS = [
+    ("verl", "3.11"),  # the default GPU set: torch 2.13.0 (CUDA 13 wheels), vLLM 0.31.0
+    ("verl-torch211", "3.12"),  # a CUDA 13 machine that keeps torch 2.11.0: verl's own tested set
+]
+
+
+@pytest.fixture(scope="module")
+def gpu_resolutions(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Future[dict[str, Any]]]:
+    """Both GPU sets' dry runs, started together: each waits on PyPI most of its minute."""
+    pool = ThreadPoolExecutor(max_workers=len(GPU_SETS))
+    futures = {
+        (name, python): pool.submit(dry_run, tmp_path_factory.mktemp(name), python, f"{ROOT}[{name}]")
+        for name, python in GPU_SETS
+    }
+    pool.shutdown(wait=False)
+    return futures
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("extra_name", "python"),
-    [
-        ("verl", "3.11"),  # the default GPU set: torch 2.13.0 (CUDA 13 wheels), vLLM 0.31.0
-        ("verl-torch211", "3.12"),  # a CUDA 13 machine that keeps torch 2.11.0: verl's own tested set
-    ],
-)
-def test_the_gpu_extra_resolves_for_linux_x86_64(extra_name: str, python: str, tmp_path: Path) -> None:
-    got = dry_run(tmp_path, python, f"{ROOT}[{extra_name}]")
+@pytest.mark.parametrize(("extra_name", "python"), GPU_SETS)
+def test_the_gpu_extra_resolves_for_linux_x86_64(
+    extra_name: str, python: str, gpu_resolutions: dict[tuple[str, str], Future[dict[str, Any]]]
+) -> None:
+    got = gpu_resolutions[(extra_name, python)].result()  # a skip or failure in the dry run is raised here
     promised = pinned(extra(extra_name))
     assert {"verl", "vllm"} <= promised.keys()
     versions = {name: metadata["version"] for name, metadata in got.items()}

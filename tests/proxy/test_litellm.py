@@ -125,9 +125,9 @@ def test_alight_serve_subprocess_behind_the_litellm_engine(tiny_dir: Path) -> No
             assert len(span.attributes[semconv.LLM_RESPONSE_TOKEN_IDS]) == 5
             assert len(span.attributes[semconv.LLM_RESPONSE_LOGPROBS]) == 5
 
-        rid, aid = asyncio.run(claim_at(store_server.url))
+        rid, aid = asyncio.run(claim_at(store_server.url))  # below: greedy, so no early EOS cuts the 3 tokens
         direct = openai.OpenAI(base_url=f"{upstream}/rollout/{rid}/attempt/{aid}/v1", api_key="x", max_retries=0)
-        direct.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3)  # type: ignore[arg-type]
+        direct.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3, temperature=0)  # type: ignore[arg-type]
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
