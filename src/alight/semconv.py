@@ -13,6 +13,8 @@ from __future__ import annotations
 ROLLOUT_ID = "alight.rollout_id"
 ATTEMPT_ID = "alight.attempt_id"
 SPAN_KIND = "alight.span.kind"  # one of alight.types.SpanKind, for spans that come through OTel
+RESOURCE_PREFIX = "resource."  # OTLP ingest: the sender's resource attributes, e.g. resource.service.name
+OTEL_EVENTS = "otel.events"  # OTLP ingest: the span's events, [{"name", "time_unix_nano", "attributes"}]
 
 # -- every span made inside an agent --
 AGENT_NAME = "alight.agent.name"  # which agent (of a multi-agent workflow) made the span

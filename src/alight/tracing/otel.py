@@ -45,6 +45,7 @@ def span_from_readable(span: ReadableSpan) -> Any:
         status_code=span.status.status_code.value,
         status_message=span.status.description,
         validate=False,
+        keep_resource=False,  # in-process spans: no sender's resource to keep
     )
 
 
