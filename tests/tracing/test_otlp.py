@@ -70,7 +70,8 @@ async def test_the_otel_sdk_exporter_sends_spans_into_the_store(server: StoreSer
     root, llm_span, tool_span = await spans_of(server, rollout_id)
     for span in (root, llm_span, tool_span):  # the resource is kept on each span, but the ids
         resource = {k: span.attributes.pop(k) for k in list(span.attributes) if k.startswith(semconv.RESOURCE_PREFIX)}
-        assert resource["resource.telemetry.sdk.name"] == "opentelemetry" and "resource.alight.rollout_id" not in resource
+        assert resource["resource.telemetry.sdk.name"] == "opentelemetry"
+        assert "resource.alight.rollout_id" not in resource
     assert (root.name, root.kind, root.parent_id) == ("my-agent", SpanKind.AGENT, None)
     assert (llm_span.kind, llm_span.parent_id, llm_span.sequence_id) == (SpanKind.LLM, root.span_id, 2)
     assert llm_span.attributes == {semconv.LLM_REQUEST_MESSAGES: messages, semconv.LLM_USAGE: {"total_tokens": 3}}
