@@ -16,7 +16,6 @@ from rich.text import Text
 from rich.tree import Tree
 
 from alight import semconv
-from alight.store import genai
 from alight.trainer.trace import RolloutDetail
 from alight.types import Span, SpanKind
 
@@ -119,7 +118,7 @@ def span_label(span: Span, *, service: str | None = None) -> Text:
     a = span.attributes
     kind = (f"{span.kind.value:<6}", _KIND_STYLE.get(span.kind, ""))
     label = Text.assemble(kind, " ", (_clip(span.name, 80), "bold"))
-    agent = a.get(semconv.AGENT_NAME) or a.get(genai.AGENT_NAME) or a.get(genai.PLAIN_AGENT_NAME)
+    agent = a.get(semconv.AGENT_NAME) or a.get(semconv.GEN_AI_AGENT_NAME) or a.get(semconv.PLAIN_AGENT_NAME)
     if agent:
         label.append(f"  [{_clip(str(agent), 40)}]", style="cyan")
     if service:
@@ -142,7 +141,7 @@ def _error_text(span: Span) -> str:
             break
     else:
         exception = ""
-    return span.status_message or exception or str(a.get(genai.ERROR_TYPE) or "")
+    return span.status_message or exception or str(a.get(semconv.ERROR_TYPE) or "")
 
 
 def _first(a: dict[str, Any], *keys: str) -> Any:
@@ -161,8 +160,8 @@ def _tokens(a: dict[str, Any]) -> str:
     usage = usage if isinstance(usage, dict) else {}
     inputs = _first(usage, "prompt_tokens", "input_tokens")
     outputs = _first(usage, "completion_tokens", "output_tokens")
-    inputs = _first(a, genai.INPUT_TOKENS, genai.OLD_INPUT_TOKENS) if inputs is None else inputs
-    outputs = _first(a, genai.OUTPUT_TOKENS, genai.OLD_OUTPUT_TOKENS) if outputs is None else outputs
+    inputs = _first(a, semconv.GEN_AI_INPUT_TOKENS, semconv.GEN_AI_OLD_INPUT_TOKENS) if inputs is None else inputs
+    outputs = _first(a, semconv.GEN_AI_OUTPUT_TOKENS, semconv.GEN_AI_OLD_OUTPUT_TOKENS) if outputs is None else outputs
     return f"{'?' if inputs is None else inputs}->{'?' if outputs is None else outputs} tokens"
 
 
@@ -176,7 +175,7 @@ def _details(span: Span) -> str:
         message = a.get(semconv.LLM_RESPONSE_MESSAGE)
         message = message if isinstance(message, dict) else {}
         calls = [c.get("function", {}).get("name", "?") for c in message.get("tool_calls") or [] if isinstance(c, dict)]
-        model = _first(a, semconv.LLM_RESPONSE_MODEL, semconv.LLM_REQUEST_MODEL, genai.RESPONSE_MODEL)
+        model = _first(a, semconv.LLM_RESPONSE_MODEL, semconv.LLM_REQUEST_MODEL, semconv.GEN_AI_RESPONSE_MODEL)
         parts = [f"model {_clip(str(model), 40)}"] if model is not None else []
         parts += [
             _tokens(a),
@@ -192,9 +191,9 @@ def _details(span: Span) -> str:
             parts.append(repr(_cut(" ".join(str(text).split()), 60)))  # repr escapes
         return "  ".join(parts)
     if span.kind == SpanKind.TOOL:
-        name = _first(a, semconv.TOOL_NAME, genai.TOOL_NAME) or span.name
-        args = _first(a, semconv.TOOL_ARGUMENTS, genai.TOOL_CALL_ARGUMENTS)
-        out = _first(a, semconv.TOOL_OUTPUT, genai.TOOL_CALL_RESULT)
+        name = _first(a, semconv.TOOL_NAME, semconv.GEN_AI_TOOL_NAME) or span.name
+        args = _first(a, semconv.TOOL_ARGUMENTS, semconv.GEN_AI_TOOL_CALL_ARGUMENTS)
+        out = _first(a, semconv.TOOL_OUTPUT, semconv.GEN_AI_TOOL_CALL_RESULT)
         args_text = "" if args is None else _clip(_tool_text(args), 50)
         out_text = "-" if out is None else _clip(_tool_text(out), 50)
         return f"{_clip(str(name), 40)}({args_text}) -> {out_text}" + (
@@ -203,8 +202,8 @@ def _details(span: Span) -> str:
     if span.kind == SpanKind.REWARD:
         name = a.get(semconv.REWARD_NAME)
         return f"{_fmt(a.get(semconv.REWARD_VALUE))}" + (f" ({name})" if name else "")
-    if span.kind == SpanKind.AGENT and a.get(genai.AGENT_ID) is not None:
-        return f"id {_clip(str(a[genai.AGENT_ID]), 40)}"
+    if span.kind == SpanKind.AGENT and a.get(semconv.GEN_AI_AGENT_ID) is not None:
+        return f"id {_clip(str(a[semconv.GEN_AI_AGENT_ID]), 40)}"
     if span.name == "exception":
         return f"{a.get(semconv.EXCEPTION_TYPE, '')}: {_clip(str(a.get(semconv.EXCEPTION_MESSAGE, '')), 80)}"
     return ""

@@ -11,9 +11,7 @@ Both the current conventions (`gen_ai.input.messages` / `gen_ai.output.messages`
 `gen_ai.completion.N.*` attributes, `gen_ai.usage.prompt_tokens`, the `gen_ai.content.prompt` /
 `gen_ai.content.completion` and `gen_ai.*.message` / `gen_ai.choice` span events) are read.
 
-On export, `to_genai` gives the GenAI attributes of an alight span (never replacing one it has):
-LLM spans as `chat` (or `text_completion`) spans with usage tokens, tool spans as `execute_tool`,
-agent spans as `invoke_agent` with `gen_ai.agent.name`, and `error.type` on failed spans.
+The way back, alight's spans as GenAI spans, is `alight.store.genai_export`.
 """
 
 from __future__ import annotations
@@ -26,40 +24,13 @@ from typing import Any
 from alight import semconv
 from alight.types import SpanKind
 
-# -- OTel's names (semantic conventions 1.3x-1.4x, GenAI: Development status) ---------------------
-OPERATION = "gen_ai.operation.name"
-PROVIDER = "gen_ai.provider.name"
-SYSTEM = "gen_ai.system"  # the older name of PROVIDER
-REQUEST_MODEL = "gen_ai.request.model"
-RESPONSE_MODEL = "gen_ai.response.model"
-RESPONSE_ID = "gen_ai.response.id"
-FINISH_REASONS = "gen_ai.response.finish_reasons"
-INPUT_TOKENS = "gen_ai.usage.input_tokens"
-OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-OLD_INPUT_TOKENS = "gen_ai.usage.prompt_tokens"
-OLD_OUTPUT_TOKENS = "gen_ai.usage.completion_tokens"
-INPUT_MESSAGES = "gen_ai.input.messages"
-OUTPUT_MESSAGES = "gen_ai.output.messages"
-SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
-TOOL_DEFINITIONS = "gen_ai.tool.definitions"
-REQUEST_STREAM = "gen_ai.request.stream"
-TOOL_NAME = "gen_ai.tool.name"
-TOOL_TYPE = "gen_ai.tool.type"
-TOOL_CALL_ID = "gen_ai.tool.call.id"
-TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
-TOOL_CALL_RESULT = "gen_ai.tool.call.result"
-AGENT_NAME = "gen_ai.agent.name"
-AGENT_ID = "gen_ai.agent.id"
-ERROR_TYPE = "error.type"
-PLAIN_AGENT_NAME = "agent.name"  # not GenAI's, but what several frameworks put on their agent spans
-
 #: Operations by the alight span kind they map to.
 LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 TOOL_OPERATIONS = frozenset({"execute_tool"})
 AGENT_OPERATIONS = frozenset({"invoke_agent", "create_agent"})
 
 #: GenAI request attributes <-> the OpenAI sampling keys alight keeps in LLM_REQUEST_SAMPLING.
-_SAMPLING = {
+SAMPLING = {
     "gen_ai.request.temperature": "temperature",
     "gen_ai.request.top_p": "top_p",
     "gen_ai.request.max_tokens": "max_tokens",
@@ -74,7 +45,7 @@ _INDEXED = re.compile(r"^gen_ai\.(prompt|completion)\.(\d+)\.(.+)$")
 
 def is_genai(name: str, attributes: Mapping[str, Any]) -> bool:
     """Whether a span says anything `from_genai` reads (a cheap test for the hot path)."""
-    return PLAIN_AGENT_NAME in attributes or any(key.startswith("gen_ai.") for key in attributes)
+    return semconv.PLAIN_AGENT_NAME in attributes or any(key.startswith("gen_ai.") for key in attributes)
 
 
 def from_genai(
@@ -83,7 +54,7 @@ def from_genai(
     """Add alight's attributes for the GenAI ones `attributes` holds (in place; an attribute already
     there is kept); returns the span kind `gen_ai.operation.name` says, or None when it says none.
     `events` are the span's events as {"name", "attributes"} dicts (older conventions put messages there)."""
-    operation = attributes.get(OPERATION)
+    operation = attributes.get(semconv.GEN_AI_OPERATION)
     kind: SpanKind | None = None
     if operation in LLM_OPERATIONS:
         kind = SpanKind.LLM
@@ -93,10 +64,10 @@ def from_genai(
         kind = SpanKind.AGENT
     elif operation == "embeddings":
         kind = SpanKind.OTHER  # no chat turn to train on: not counted as an LLM call
-    agent = attributes.get(AGENT_NAME) or attributes.get(PLAIN_AGENT_NAME)
+    agent = attributes.get(semconv.GEN_AI_AGENT_NAME) or attributes.get(semconv.PLAIN_AGENT_NAME)
     if agent is not None and semconv.AGENT_NAME not in attributes:
         attributes[semconv.AGENT_NAME] = str(agent)
-    if kind is SpanKind.TOOL or (kind is None and TOOL_NAME in attributes):
+    if kind is SpanKind.TOOL or (kind is None and semconv.GEN_AI_TOOL_NAME in attributes):
         _tool(name, attributes)
     elif kind is not SpanKind.AGENT and kind is not SpanKind.OTHER:
         _llm(operation, attributes, events)
@@ -109,16 +80,20 @@ def _put(attributes: MutableMapping[str, Any], key: str, value: Any) -> None:
 
 
 def _tool(name: str, a: MutableMapping[str, Any]) -> None:
-    _put(a, semconv.TOOL_NAME, a.get(TOOL_NAME) or name.removeprefix("execute_tool ").strip() or None)
-    _put(a, semconv.TOOL_CALL_ID, a.get(TOOL_CALL_ID))
-    _put(a, semconv.TOOL_ARGUMENTS, _structured(a.get(TOOL_CALL_ARGUMENTS)))
-    _put(a, semconv.TOOL_OUTPUT, _structured(a.get(TOOL_CALL_RESULT)))
-    if ERROR_TYPE in a:
+    _put(a, semconv.TOOL_NAME, a.get(semconv.GEN_AI_TOOL_NAME) or name.removeprefix("execute_tool ").strip() or None)
+    _put(a, semconv.TOOL_CALL_ID, a.get(semconv.GEN_AI_TOOL_CALL_ID))
+    _put(a, semconv.TOOL_ARGUMENTS, structured(a.get(semconv.GEN_AI_TOOL_CALL_ARGUMENTS)))
+    _put(a, semconv.TOOL_OUTPUT, structured(a.get(semconv.GEN_AI_TOOL_CALL_RESULT)))
+    if semconv.ERROR_TYPE in a:
         _put(a, semconv.TOOL_ERROR, True)
 
 
 def _llm(operation: Any, a: MutableMapping[str, Any], events: Sequence[Mapping[str, Any]]) -> None:
-    for key, target in ((REQUEST_MODEL, semconv.LLM_REQUEST_MODEL), (RESPONSE_MODEL, semconv.LLM_RESPONSE_MODEL)):
+    models = (
+        (semconv.GEN_AI_REQUEST_MODEL, semconv.LLM_REQUEST_MODEL),
+        (semconv.GEN_AI_RESPONSE_MODEL, semconv.LLM_RESPONSE_MODEL),
+    )
+    for key, target in models:
         if a.get(key) is not None:
             _put(a, target, str(a[key]))
     usage = _usage(a)
@@ -129,9 +104,9 @@ def _llm(operation: Any, a: MutableMapping[str, Any], events: Sequence[Mapping[s
     if operation == "text_completion":
         _put(a, semconv.LLM_API, "completions")
         if messages:
-            _put(a, semconv.LLM_REQUEST_PROMPT, "".join(_text(m.get("content")) for m in messages))
+            _put(a, semconv.LLM_REQUEST_PROMPT, "".join(content_text(m.get("content")) for m in messages))
         if reply is not None:
-            _put(a, semconv.LLM_RESPONSE_TEXT, _text(reply.get("content")))
+            _put(a, semconv.LLM_RESPONSE_TEXT, content_text(reply.get("content")))
     else:
         if messages is not None:
             _put(a, semconv.LLM_REQUEST_MESSAGES, messages)
@@ -139,25 +114,25 @@ def _llm(operation: Any, a: MutableMapping[str, Any], events: Sequence[Mapping[s
             _put(a, semconv.LLM_RESPONSE_MESSAGE, reply)
         if operation is not None or messages is not None or reply is not None:
             _put(a, semconv.LLM_API, "chat")
-    reasons = a.get(FINISH_REASONS)
+    reasons = a.get(semconv.GEN_AI_FINISH_REASONS)
     if finish is None and isinstance(reasons, list | tuple) and reasons:
         finish = reasons[0]
     _put(a, semconv.LLM_FINISH_REASON, finish)
-    sampling = {key: a[attr] for attr, key in _SAMPLING.items() if a.get(attr) is not None}
+    sampling = {key: a[attr] for attr, key in SAMPLING.items() if a.get(attr) is not None}
     if sampling:
         _put(a, semconv.LLM_REQUEST_SAMPLING, sampling)
-    tools = _tool_definitions(a.get(TOOL_DEFINITIONS))
+    tools = _tool_definitions(a.get(semconv.GEN_AI_TOOL_DEFINITIONS))
     if tools:
         _put(a, semconv.LLM_REQUEST_TOOLS, tools)
-    if isinstance(a.get(REQUEST_STREAM), bool):
-        _put(a, semconv.LLM_STREAM, a[REQUEST_STREAM])
+    if isinstance(a.get(semconv.GEN_AI_REQUEST_STREAM), bool):
+        _put(a, semconv.LLM_STREAM, a[semconv.GEN_AI_REQUEST_STREAM])
 
 
 def _usage(a: Mapping[str, Any]) -> dict[str, int]:
     usage: dict[str, int] = {}
     for keys, target in (
-        ((INPUT_TOKENS, OLD_INPUT_TOKENS), "prompt_tokens"),
-        ((OUTPUT_TOKENS, OLD_OUTPUT_TOKENS), "completion_tokens"),
+        ((semconv.GEN_AI_INPUT_TOKENS, semconv.GEN_AI_OLD_INPUT_TOKENS), "prompt_tokens"),
+        ((semconv.GEN_AI_OUTPUT_TOKENS, semconv.GEN_AI_OLD_OUTPUT_TOKENS), "completion_tokens"),
     ):
         for key in keys:
             value = a.get(key)
@@ -173,13 +148,13 @@ def _usage(a: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _input_messages(a: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
-    raw = _decoded(a.get(INPUT_MESSAGES))
+    raw = _decoded(a.get(semconv.GEN_AI_INPUT_MESSAGES))
     messages: list[dict[str, Any]] | None = None
     if isinstance(raw, list):
         messages = [m for message in raw if isinstance(message, Mapping) for m in _openai_messages(message)]
     else:
         messages = _indexed(a, "prompt") or _event_prompt(events)
-    system = _decoded(a.get(SYSTEM_INSTRUCTIONS))
+    system = _decoded(a.get(semconv.GEN_AI_SYSTEM_INSTRUCTIONS))
     if system is not None and not any(m.get("role") == "system" for m in messages or ()):
         text = _parts_text(system) if isinstance(system, list) else str(system)
         messages = [{"role": "system", "content": text}, *(messages or [])]
@@ -187,7 +162,7 @@ def _input_messages(a: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -
 
 
 def _output_message(a: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any] | None, Any]:
-    raw = _decoded(a.get(OUTPUT_MESSAGES))
+    raw = _decoded(a.get(semconv.GEN_AI_OUTPUT_MESSAGES))
     if isinstance(raw, list) and raw and isinstance(raw[0], Mapping):
         first = raw[0]
         messages = _openai_messages({**first, "role": first.get("role") or "assistant"})
@@ -220,12 +195,12 @@ def _openai_messages(message: Mapping[str, Any]) -> list[dict[str, Any]]:
                 {
                     "id": part.get("id"),
                     "type": "function",
-                    "function": {"name": part.get("name"), "arguments": _json_text(arguments, "{}")},
+                    "function": {"name": part.get("name"), "arguments": json_text(arguments, "{}")},
                 }
             )
         elif kind == "tool_call_response":
             result = part.get("response", part.get("result"))
-            results.append({"role": "tool", "tool_call_id": part.get("id"), "content": _json_text(result, "")})
+            results.append({"role": "tool", "tool_call_id": part.get("id"), "content": json_text(result, "")})
     if results:
         return results
     out: dict[str, Any] = {"role": role, "content": "".join(texts) if texts or not calls else None}
@@ -320,127 +295,6 @@ def _tool_definitions(raw: Any) -> list[dict[str, Any]]:
     return tools
 
 
-# -- export: alight spans -> GenAI attributes -----------------------------------------------------
-
-
-def to_genai(kind: SpanKind, name: str, attributes: Mapping[str, Any], *, error: bool) -> dict[str, Any]:
-    """The GenAI attributes of an alight span, as OpenTelemetry attributes (structured values as
-    JSON text), leaving out any the span already has."""
-    a = attributes
-    out: dict[str, Any] = {}
-    if kind is SpanKind.LLM:
-        out.update(_llm_genai(a))
-    elif kind is SpanKind.TOOL:
-        out[OPERATION] = "execute_tool"
-        out[TOOL_NAME] = str(a.get(semconv.TOOL_NAME) or name)
-        out[TOOL_TYPE] = "function"
-        if a.get(semconv.TOOL_CALL_ID) is not None:
-            out[TOOL_CALL_ID] = str(a[semconv.TOOL_CALL_ID])
-        if a.get(semconv.TOOL_ARGUMENTS) is not None:
-            out[TOOL_CALL_ARGUMENTS] = _json_text(a[semconv.TOOL_ARGUMENTS], "")
-        if a.get(semconv.TOOL_OUTPUT) is not None:
-            out[TOOL_CALL_RESULT] = _json_text(a[semconv.TOOL_OUTPUT], "")
-    elif kind is SpanKind.AGENT:
-        out[OPERATION] = "invoke_agent"
-        out[AGENT_NAME] = str(a.get(semconv.AGENT_NAME) or name)
-    if kind is not SpanKind.AGENT and a.get(semconv.AGENT_NAME) is not None:
-        out[AGENT_NAME] = str(a[semconv.AGENT_NAME])
-    if error or (kind is SpanKind.TOOL and a.get(semconv.TOOL_ERROR)):
-        out[ERROR_TYPE] = str(a.get(semconv.EXCEPTION_TYPE) or "_OTHER")
-    return {key: value for key, value in out.items() if key not in attributes}
-
-
-def _llm_genai(a: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    completions = a.get(semconv.LLM_API) == "completions" or (
-        semconv.LLM_REQUEST_PROMPT in a and semconv.LLM_REQUEST_MESSAGES not in a
-    )
-    out[OPERATION] = "text_completion" if completions else "chat"
-    if a.get(semconv.LLM_SOURCE) == "proxy":
-        out[PROVIDER] = "alight"
-    if a.get(semconv.LLM_REQUEST_MODEL) is not None:
-        out[REQUEST_MODEL] = str(a[semconv.LLM_REQUEST_MODEL])
-    if a.get(semconv.LLM_RESPONSE_MODEL) is not None:
-        out[RESPONSE_MODEL] = str(a[semconv.LLM_RESPONSE_MODEL])
-    usage = a.get(semconv.LLM_USAGE)
-    usage = usage if isinstance(usage, Mapping) else {}
-    prompt_ids, response_ids = a.get(semconv.LLM_PROMPT_TOKEN_IDS), a.get(semconv.LLM_RESPONSE_TOKEN_IDS)
-    inputs = usage.get("prompt_tokens", len(prompt_ids) if isinstance(prompt_ids, list) else None)
-    outputs = usage.get("completion_tokens", len(response_ids) if isinstance(response_ids, list) else None)
-    if isinstance(inputs, int):
-        out[INPUT_TOKENS] = inputs
-    if isinstance(outputs, int):
-        out[OUTPUT_TOKENS] = outputs
-    finish = a.get(semconv.LLM_FINISH_REASON)
-    if finish is not None:
-        out[FINISH_REASONS] = [str(finish)]
-    messages = a.get(semconv.LLM_REQUEST_MESSAGES)
-    if isinstance(messages, list):
-        out[INPUT_MESSAGES] = _dumps([_genai_message(m) for m in messages if isinstance(m, Mapping)])
-    elif isinstance(a.get(semconv.LLM_REQUEST_PROMPT), str):
-        prompt = {"role": "user", "parts": [{"type": "text", "content": a[semconv.LLM_REQUEST_PROMPT]}]}
-        out[INPUT_MESSAGES] = _dumps([prompt])
-    reply = a.get(semconv.LLM_RESPONSE_MESSAGE)
-    if not isinstance(reply, Mapping) and isinstance(a.get(semconv.LLM_RESPONSE_TEXT), str):
-        reply = {"role": "assistant", "content": a[semconv.LLM_RESPONSE_TEXT]}
-    if isinstance(reply, Mapping):
-        message = _genai_message({**reply, "role": reply.get("role") or "assistant"})
-        message["finish_reason"] = str(finish) if finish is not None else "stop"
-        out[OUTPUT_MESSAGES] = _dumps([message])
-    tools = a.get(semconv.LLM_REQUEST_TOOLS)
-    if isinstance(tools, list) and tools:
-        out[TOOL_DEFINITIONS] = _dumps([_genai_tool(t) for t in tools if isinstance(t, Mapping)])
-    sampling = a.get(semconv.LLM_REQUEST_SAMPLING)
-    if isinstance(sampling, Mapping):
-        for attr, key in _SAMPLING.items():
-            value = sampling.get(key)
-            if key == "stop" and isinstance(value, str):
-                value = [value]
-            if isinstance(value, str | int | float) or (
-                isinstance(value, list) and all(isinstance(v, str) for v in value)
-            ):
-                out[attr] = value
-    if isinstance(a.get(semconv.LLM_STREAM), bool):
-        out[REQUEST_STREAM] = a[semconv.LLM_STREAM]
-    return out
-
-
-def _genai_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    """One OpenAI chat message in GenAI's shape: role and parts."""
-    role = str(message.get("role") or "user")
-    parts: list[dict[str, Any]] = []
-    if role == "tool":
-        response = message.get("content")
-        parts.append({"type": "tool_call_response", "id": message.get("tool_call_id"), "response": response})
-    else:
-        text = _text(message.get("content"))
-        if text:
-            parts.append({"type": "text", "content": text})
-        for call in message.get("tool_calls") or ():
-            if not isinstance(call, Mapping):
-                continue
-            function = call.get("function") or {}
-            parts.append(
-                {
-                    "type": "tool_call",
-                    "id": call.get("id"),
-                    "name": function.get("name"),
-                    "arguments": _structured(function.get("arguments")),
-                }
-            )
-    out: dict[str, Any] = {"role": role, "parts": parts}
-    if message.get("name"):
-        out["name"] = message["name"]
-    return out
-
-
-def _genai_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    function = tool.get("function")
-    if not isinstance(function, Mapping):
-        return dict(tool)
-    return {"type": str(tool.get("type") or "function"), **{k: v for k, v in function.items() if v is not None}}
-
-
 # -- values ---------------------------------------------------------------------------------------
 
 
@@ -454,7 +308,7 @@ def _decoded(value: Any) -> Any:
     return value
 
 
-def _structured(value: Any) -> Any:
+def structured(value: Any) -> Any:
     """JSON text of an object or array decoded; any other value (plain text, numbers) as it is."""
     if isinstance(value, str) and value[:1] in ("{", "["):
         try:
@@ -464,17 +318,17 @@ def _structured(value: Any) -> Any:
     return value
 
 
-def _json_text(value: Any, empty: str) -> str:
+def json_text(value: Any, empty: str) -> str:
     if value is None:
         return empty
-    return value if isinstance(value, str) else _dumps(value)
+    return value if isinstance(value, str) else dumps(value)
 
 
-def _dumps(value: Any) -> str:
+def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
-def _text(content: Any) -> str:
+def content_text(content: Any) -> str:
     """The text of an OpenAI message content: a string, or a list of parts ({"type": "text", "text"})."""
     if content is None:
         return ""

@@ -29,6 +29,7 @@ from alight.types import Span, SpanKind, SpanStatus
 logger = logging.getLogger(__name__)
 
 _ROUTING = (semconv.ROLLOUT_ID, semconv.ATTEMPT_ID, semconv.SPAN_KIND, semconv.SEQUENCE_ID)
+_AGENT_KEYS = (semconv.GEN_AI_AGENT_NAME, semconv.PLAIN_AGENT_NAME)
 _STATUS = {0: SpanStatus.UNSET, 1: SpanStatus.OK, 2: SpanStatus.ERROR}
 _STATUS_NAMES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 
@@ -54,7 +55,7 @@ def infer_kind(name: str, attributes: Mapping[str, Any]) -> SpanKind:
         return SpanKind.TOOL
     if any(key.startswith(("llm.", "gen_ai.request", "gen_ai.response", "gen_ai.usage")) for key in attributes):
         return SpanKind.LLM
-    if genai.AGENT_NAME in attributes or genai.PLAIN_AGENT_NAME in attributes or name.startswith("invoke_agent"):
+    if name.startswith("invoke_agent") or any(k in attributes for k in _AGENT_KEYS):
         return SpanKind.AGENT
     return SpanKind.OTHER
 
@@ -104,7 +105,7 @@ def make_span(
             genai_kind = genai.from_genai(name, attrs, events or ())
         except (TypeError, ValueError, AttributeError, KeyError) as err:  # a sender's odd shapes: stored as sent
             logger.debug("OTLP span %r: GenAI attributes not read: %s", name, err)
-    error_type = attrs.get(genai.ERROR_TYPE)
+    error_type = attrs.get(semconv.ERROR_TYPE)
     if error_type is not None and status_code == 0:  # GenAI spans name their error in error.type
         status_code = 2
     if status_code == 2 and not status_message and error_type is not None:

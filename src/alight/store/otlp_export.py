@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from alight import semconv
-from alight.store import genai
+from alight.store.genai_export import to_genai
 from alight.types import Span, SpanKind, SpanStatus
 
 _STATUS_CODES = {SpanStatus.UNSET: 0, SpanStatus.OK: 1, SpanStatus.ERROR: 2}
@@ -59,7 +59,7 @@ def _span(span: Span) -> dict[str, Any]:
         semconv.SPAN_KIND: span.kind.value,
         **({semconv.SEQUENCE_ID: span.sequence_id} if span.sequence_id is not None else {}),
         **own,
-        **genai.to_genai(span.kind, span.name, own, error=span.status is SpanStatus.ERROR),
+        **to_genai(span.kind, span.name, own, error=span.status is SpanStatus.ERROR),
     }
     status: dict[str, Any] = {"code": _STATUS_CODES[span.status]}
     if span.status_message:
