@@ -21,7 +21,8 @@ AGENT_NAME = "alight.agent.name"  # which agent (of a multi-agent workflow) made
 RESOURCES_VERSION = "alight.resources_version"  # resource set / weights version that served an LLM call
 
 # -- LLM calls (kind=llm, name "llm.chat" or "llm.completion") --
-LLM_SOURCE = "llm.source"  # "proxy" (alight's proxy wrote it, with token ids) or "client" (instrumentation)
+LLM_SOURCE = "llm.source"  # "proxy" (alight's proxy wrote it, with token ids), "client" (instrumentation) or:
+LLM_SOURCE_OTEL = "otel"  # an OTel GenAI inference span received over OTLP (a report of a call, no token ids)
 LLM_API = "llm.api"  # the OpenAI API the client called: "chat", "completions" or "responses"
 LLM_REQUEST_MESSAGES = "llm.request.messages"  # list of OpenAI chat messages
 LLM_REQUEST_PROMPT = "llm.request.prompt"  # completions API: the prompt text

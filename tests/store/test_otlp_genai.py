@@ -211,7 +211,8 @@ def _exported_attributes(request: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_the_adapter_on_genai_spans(sdk_run: tuple[StoreServer, str]) -> None:
     """Without token ids the calls are skipped (counted), with a tokenizer rebuilt from the mapped
-    messages, with token ids selected by the agent span's gen_ai.agent.name."""
+    messages (unless the proxy recorded the attempt's calls), with token ids selected by the agent
+    span's gen_ai.agent.name."""
     server, rollout_id = sdk_run
     spans = _spans(server, rollout_id)
     stats = AdapterStats()
@@ -231,6 +232,27 @@ def test_the_adapter_on_genai_spans(sdk_run: tuple[StoreServer, str]) -> None:
     ]
     assert seen[1][0][3] == {"role": "tool", "tool_call_id": "call_1", "content": "rainy, 57°F"}
     assert SpanAdapter(agent_match="other", tokenizer=tokenize).adapt(spans, rollout_id=rollout_id).transitions == []
+
+    # The agent's calls went through the proxy too: its spans (token ids) are the calls, the OTel reports are not.
+    proxy = Span(
+        rollout_id=rollout_id,
+        attempt_id=spans[0].attempt_id,
+        sequence_id=0,
+        name="llm.chat",
+        kind=SpanKind.LLM,
+        attributes={
+            semconv.LLM_SOURCE: "proxy",
+            semconv.AGENT_NAME: "weather-agent",
+            semconv.LLM_PROMPT_TOKEN_IDS: [1, 2],
+            semconv.LLM_RESPONSE_TOKEN_IDS: [3],
+            semconv.LLM_RESPONSE_LOGPROBS: [-0.5],
+        },
+    )
+    stats = AdapterStats()
+    adapted = SpanAdapter(agent_match="weather-agent", tokenizer=tokenize).adapt(
+        [proxy, *spans], rollout_id=rollout_id, stats=stats
+    )
+    assert [list(t.response_ids) for t in adapted.transitions] == [[3]] and stats.calls_skipped_no_ids == 2
 
     with_ids = [
         s.model_copy(

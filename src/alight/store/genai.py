@@ -126,6 +126,8 @@ def _llm(operation: Any, a: MutableMapping[str, Any], events: Sequence[Mapping[s
         _put(a, semconv.LLM_REQUEST_TOOLS, tools)
     if isinstance(a.get(semconv.GEN_AI_REQUEST_STREAM), bool):
         _put(a, semconv.LLM_STREAM, a[semconv.GEN_AI_REQUEST_STREAM])
+    if semconv.LLM_API in a or semconv.LLM_USAGE in a or semconv.LLM_REQUEST_MODEL in a:
+        _put(a, semconv.LLM_SOURCE, semconv.LLM_SOURCE_OTEL)
 
 
 def _usage(a: Mapping[str, Any]) -> dict[str, int]:
