@@ -457,3 +457,33 @@ def test_odd_genai_values_are_stored_as_sent() -> None:
         "execute_tool",
         "{not json",
     )
+
+
+def test_the_example_agent_script_runs_alone_and_with_the_standard_otel_variables() -> None:
+    """examples/otel_genai/agent.py as a user runs it: claiming its own rollout, and with the
+    rollout named in OTEL_RESOURCE_ATTRIBUTES and the token in OTEL_EXPORTER_OTLP_HEADERS."""
+    store = MemoryStore()
+    rollout_id, attempt_id = asyncio.run(_claimed(store))
+    script = [sys.executable, str(REPO / "examples" / "otel_genai" / "agent.py")]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "ALIGHT_"))}
+    with StoreServer(store, watchdog_interval_s=None, token=TOKEN) as server:
+        own = {**base, "ALIGHT_TOKEN": TOKEN}
+        alone = subprocess.run([*script, "--store", server.url], env=own, capture_output=True, text=True, timeout=60)
+        assert alone.returncode == 0, alone.stderr
+        own_rollout = alone.stdout.split()[1]
+        env = {
+            **base,
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{server.url}/v1/traces",
+            "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer%20{TOKEN}",
+            "OTEL_RESOURCE_ATTRIBUTES": f"{semconv.ROLLOUT_ID}={rollout_id},{semconv.ATTEMPT_ID}={attempt_id}",
+            "OTEL_SERVICE_NAME": "weather-agent-v2",
+        }
+        named = subprocess.run(script, env=env, capture_output=True, text=True, timeout=60)
+        assert named.returncode == 0, named.stderr
+        mine, theirs = _spans(server, own_rollout), _spans(server, rollout_id)
+        finished = asyncio.run(store.get_rollout(own_rollout))
+    assert finished.status.value == "succeeded" and finished.reward == 1.0
+    assert len(mine) == len(theirs) == 5
+    assert {s.attributes["resource.service.name"] for s in mine} == {"weather-agent"}
+    assert {s.attributes["resource.service.name"] for s in theirs} == {"weather-agent-v2"}
+    assert sorted(s.kind.value for s in theirs) == ["agent", "llm", "llm", "tool", "tool"]
