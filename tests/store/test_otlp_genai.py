@@ -487,3 +487,31 @@ def test_the_example_agent_script_runs_alone_and_with_the_standard_otel_variable
     assert {s.attributes["resource.service.name"] for s in mine} == {"weather-agent"}
     assert {s.attributes["resource.service.name"] for s in theirs} == {"weather-agent-v2"}
     assert sorted(s.kind.value for s in theirs) == ["agent", "llm", "llm", "tool", "tool"]
+
+
+def test_genai_spans_of_other_instrumentation_inside_an_attempt_of_the_otel_tracer() -> None:
+    """The OTel tracer with the user's TracerProvider: GenAI spans another instrumentation makes
+    inside an attempt are mapped as OTLP spans are, and name their own agent (not the runner's)."""
+    from alight.tracing.otel import OtelTracer
+
+    async def run() -> list[Span]:
+        store = MemoryStore()
+        rollout_id, attempt_id = await _claimed(store)
+        provider = TracerProvider()
+        tracer = OtelTracer(provider)
+        rollout, attempt = await store.get_rollout(rollout_id), await store.get_attempt(attempt_id)
+        async with tracer.attempt(store, rollout, attempt, agent_name="runner-agent"):
+            _example_agent().run_agent(provider.get_tracer("instrumentation"))
+        return await store.query_spans(rollout_id)
+
+    spans = asyncio.run(run())
+    by_kind: dict[SpanKind, list[Span]] = {}
+    for span in spans:
+        by_kind.setdefault(span.kind, []).append(span)
+    assert sorted(s.name for s in by_kind[SpanKind.AGENT]) == ["invoke_agent weather-agent", "runner-agent"]
+    assert len(by_kind[SpanKind.LLM]) == 2 and len(by_kind[SpanKind.TOOL]) == 2
+    for span in by_kind[SpanKind.LLM] + by_kind[SpanKind.TOOL]:
+        assert span.attributes[semconv.AGENT_NAME] == "weather-agent", span.name
+    first = min(by_kind[SpanKind.LLM], key=lambda s: s.sequence_id or 0)
+    assert first.attributes[semconv.LLM_USAGE]["prompt_tokens"] == 42
+    assert first.attributes[semconv.LLM_SOURCE] == semconv.LLM_SOURCE_OTEL
