@@ -13,13 +13,16 @@ from __future__ import annotations
 ROLLOUT_ID = "alight.rollout_id"
 ATTEMPT_ID = "alight.attempt_id"
 SPAN_KIND = "alight.span.kind"  # one of alight.types.SpanKind, for spans that come through OTel
+RESOURCE_PREFIX = "resource."  # OTLP ingest: the sender's resource attributes, e.g. resource.service.name
+OTEL_EVENTS = "otel.events"  # OTLP ingest: the span's events, [{"name", "time_unix_nano", "attributes"}]
 
 # -- every span made inside an agent --
 AGENT_NAME = "alight.agent.name"  # which agent (of a multi-agent workflow) made the span
 RESOURCES_VERSION = "alight.resources_version"  # resource set / weights version that served an LLM call
 
 # -- LLM calls (kind=llm, name "llm.chat" or "llm.completion") --
-LLM_SOURCE = "llm.source"  # "proxy" (alight's proxy wrote it, with token ids) or "client" (instrumentation)
+LLM_SOURCE = "llm.source"  # "proxy" (alight's proxy wrote it, with token ids), "client" (instrumentation) or:
+LLM_SOURCE_OTEL = "otel"  # an OTel GenAI inference span received over OTLP (a report of a call, no token ids)
 LLM_API = "llm.api"  # the OpenAI API the client called: "chat", "completions" or "responses"
 LLM_REQUEST_MESSAGES = "llm.request.messages"  # list of OpenAI chat messages
 LLM_REQUEST_PROMPT = "llm.request.prompt"  # completions API: the prompt text
@@ -96,3 +99,28 @@ HEADER_PARENT_SPAN_ID = "x-alight-parent-span-id"  # the client-side span the ca
 HEADER_TRACE_ID = "x-alight-trace-id"
 HEADER_SEQUENCE_ID = "x-alight-sequence-id"  # the call's place among the attempt's spans (client counter)
 SEQUENCE_ID = "alight.sequence_id"  # the same, as an OTel span attribute
+
+# -- OpenTelemetry's GenAI conventions (semconv 1.3x-1.4x, "Development"): read on OTLP ingest, written on export --
+GEN_AI_OPERATION = "gen_ai.operation.name"
+GEN_AI_PROVIDER = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_OLD_INPUT_TOKENS = "gen_ai.usage.prompt_tokens"  # before semconv 1.27
+GEN_AI_OLD_OUTPUT_TOKENS = "gen_ai.usage.completion_tokens"
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"
+GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
+GEN_AI_TOOL_DEFINITIONS = "gen_ai.tool.definitions"
+GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"
+GEN_AI_AGENT_NAME = "gen_ai.agent.name"
+GEN_AI_AGENT_ID = "gen_ai.agent.id"
+ERROR_TYPE = "error.type"
+PLAIN_AGENT_NAME = "agent.name"  # not GenAI's, but what several frameworks put on their agent spans

@@ -68,6 +68,10 @@ async def test_the_otel_sdk_exporter_sends_spans_into_the_store(server: StoreSer
             tool.set_attribute(semconv.SEQUENCE_ID, 3)
     provider.shutdown()
     root, llm_span, tool_span = await spans_of(server, rollout_id)
+    for span in (root, llm_span, tool_span):  # the resource is kept on each span, but the ids
+        resource = {k: span.attributes.pop(k) for k in list(span.attributes) if k.startswith(semconv.RESOURCE_PREFIX)}
+        assert resource["resource.telemetry.sdk.name"] == "opentelemetry"
+        assert "resource.alight.rollout_id" not in resource
     assert (root.name, root.kind, root.parent_id) == ("my-agent", SpanKind.AGENT, None)
     assert (llm_span.kind, llm_span.parent_id, llm_span.sequence_id) == (SpanKind.LLM, root.span_id, 2)
     assert llm_span.attributes == {semconv.LLM_REQUEST_MESSAGES: messages, semconv.LLM_USAGE: {"total_tokens": 3}}
@@ -128,7 +132,12 @@ async def test_otlp_json_post(server: StoreServer) -> None:
     assert (span.span_id, span.trace_id) == ("eee19b7ec3c1b174", "5b8efff798038103d269b633813fc60c")
     assert (span.kind, span.sequence_id, span.status) == (SpanKind.REWARD, 7, SpanStatus.OK)
     assert (span.start_time, span.end_time) == (1700000000.0, 1700000001.5)
-    assert span.attributes == {semconv.REWARD_VALUE: 0.5, "flags": [True, 2], "meta": {"k": "v"}}
+    assert span.attributes == {
+        semconv.REWARD_VALUE: 0.5,
+        "flags": [True, 2],
+        "meta": {"k": "v"},
+        "resource.service.name": "agent",  # the sender's resource, without the rollout id
+    }
 
 
 @pytest.mark.anyio

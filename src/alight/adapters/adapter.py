@@ -27,7 +27,14 @@ from alight.adapters.spans import (
 from alight.adapters.stats import AdapterStats
 from alight.adapters.trajectory import merge_trajectories
 from alight.errors import ConfigError
-from alight.semconv import AGENT_NAME, LLM_PROMPT_TOKEN_IDS, LLM_RESPONSE_LOGPROBS, LLM_RESPONSE_TOKEN_IDS
+from alight.semconv import (
+    AGENT_NAME,
+    LLM_PROMPT_TOKEN_IDS,
+    LLM_RESPONSE_LOGPROBS,
+    LLM_RESPONSE_TOKEN_IDS,
+    LLM_SOURCE,
+    LLM_SOURCE_OTEL,
+)
 from alight.types import Transition
 
 #: Adapter modes: one transition per LLM call, or an agent's calls merged into one masked sequence.
@@ -50,6 +57,10 @@ class AdaptedRollout:
     intermediate_rewards: list[float] = field(default_factory=list)  # per transition: attached rewards
 
 
+def _has_proxy_calls(spans: list[SpanData]) -> bool:
+    return any(s.get("kind") == "llm" and attributes_of(s).get(LLM_SOURCE) == "proxy" for s in spans)
+
+
 class SpanAdapter:
     """Turns the spans of one attempt into transitions; built once, used for every rollout.
 
@@ -58,6 +69,8 @@ class SpanAdapter:
     - Orders them by sequence id (ties: start time, then input order).
     - Uses the span's token ids; when they are missing and a `tokenizer` is given, rebuilds them
       from the messages (`alight.adapters.retokenize`), else skips the call. All counted in stats.
+      An OTel GenAI span without ids (`llm.source` "otel") in an attempt where the proxy recorded
+      calls is skipped as one (it reports a call the proxy's span holds with token ids).
     - Attaches every mid-episode reward span (any reward span but the episode's own, see
       `episode_reward`) and every `tool_reward` (AIR) to the latest kept call before it in order;
       rewards before the first kept call attach to the first. Each transition's `reward` holds its
@@ -120,6 +133,7 @@ class SpanAdapter:
         early, air_count = 0.0, 0  # rewards seen before the first kept call; AIR rewards of this rollout
         rewards: list[tuple[int, float, SpanData]] = []  # (latest kept call index, value, span)
         agents: dict[str, str] | None = None
+        proxied: bool | None = None  # whether the proxy recorded LLM calls in this attempt (asked lazily)
         tool_reward, known_agents = self.tool_reward, self._matches
         n_llm = n_skipped = 0
         # The hot loop: plain dict lookups, local counters; anything unusual goes to `_call`.
@@ -149,6 +163,12 @@ class SpanAdapter:
                 ):
                     calls.append(LLMCall(prompt, response, logprobs, agent, span.get("span_id")))
                 else:
+                    if prompt is None and attributes.get(LLM_SOURCE) == LLM_SOURCE_OTEL:
+                        # An OTel GenAI span reports a call; when the proxy recorded calls, those are the calls.
+                        proxied = _has_proxy_calls(ordered) if proxied is None else proxied
+                        if proxied:
+                            stats.calls_skipped_no_ids += 1
+                            continue
                     call = self._call(span, attributes, agent, stats)
                     if call is not None:
                         calls.append(call)

@@ -87,62 +87,123 @@ def rollout(console: Console, detail: RolloutDetail, *, as_json: bool) -> None:
 
 def _add_span_tree(node: Tree, spans: Sequence[Span]) -> None:
     ids = {span.span_id for span in spans}
+    by_id = {span.span_id: span for span in spans}
     children: dict[str | None, list[Span]] = {}
     for span in spans:
         parent = span.parent_id if span.parent_id in ids else None
         children.setdefault(parent, []).append(span)
 
     def add(parent_node: Tree, parent_id: str | None) -> None:
+        parent_service = _service(by_id[parent_id]) if parent_id is not None else None
         for span in children.get(parent_id, []):
-            add(parent_node.add(span_label(span)), span.span_id)
+            service = _service(span)
+            label = span_label(span, service=service if service != parent_service else None)
+            add(parent_node.add(label), span.span_id)
 
     add(node, None)
 
 
-def span_label(span: Span) -> Text:
-    """One line per span: kind, name, agent, timing and what matters for its kind."""
+def _service(span: Span) -> str | None:
+    """The `service.name` of the OpenTelemetry resource a span was received with."""
+    name = span.attributes.get(_SERVICE_NAME)
+    return None if name is None else str(name)
+
+
+_SERVICE_NAME = semconv.RESOURCE_PREFIX + "service.name"
+
+
+def span_label(span: Span, *, service: str | None = None) -> Text:
+    """One line per span: kind, name, agent, timing and what matters for its kind (and the
+    sending `service`, where given)."""
     a = span.attributes
     kind = (f"{span.kind.value:<6}", _KIND_STYLE.get(span.kind, ""))
     label = Text.assemble(kind, " ", (_clip(span.name, 80), "bold"))
-    agent = a.get(semconv.AGENT_NAME)
+    agent = a.get(semconv.AGENT_NAME) or a.get(semconv.GEN_AI_AGENT_NAME) or a.get(semconv.PLAIN_AGENT_NAME)
     if agent:
         label.append(f"  [{_clip(str(agent), 40)}]", style="cyan")
+    if service:
+        label.append(f"  service {_clip(service, 40)}", style="blue")
     if span.end_time is not None:
         label.append(f"  {_seconds(span.end_time - span.start_time)}", style="dim")
     label.append("  " + printable(_details(span)))
     if span.status.value == "error":
-        label.append(f"  error: {_clip(span.status_message or '', 100)}", style="red")
+        label.append(f"  error: {_clip(_error_text(span), 100)}", style="red")
     return label
+
+
+def _error_text(span: Span) -> str:
+    """What went wrong: the status message, else error.type, else the span's exception event."""
+    a = span.attributes
+    for event in a.get(semconv.OTEL_EVENTS) or ():
+        if isinstance(event, dict) and event.get("name") == "exception":
+            found = event.get("attributes") or {}
+            exception = f"{found.get(semconv.EXCEPTION_TYPE, '')}: {found.get(semconv.EXCEPTION_MESSAGE, '')}"
+            break
+    else:
+        exception = ""
+    return span.status_message or exception or str(a.get(semconv.ERROR_TYPE) or "")
+
+
+def _first(a: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if a.get(key) is not None:
+            return a[key]
+    return None
+
+
+def _tokens(a: dict[str, Any]) -> str:
+    """`prompt->response tokens`: the lengths of the token ids, else the usage the span reports."""
+    prompt, response = a.get(semconv.LLM_PROMPT_TOKEN_IDS), a.get(semconv.LLM_RESPONSE_TOKEN_IDS)
+    if isinstance(prompt, list) and isinstance(response, list) and prompt:
+        return f"{len(prompt)}->{len(response)} tokens"
+    usage = a.get(semconv.LLM_USAGE)
+    usage = usage if isinstance(usage, dict) else {}
+    inputs = _first(usage, "prompt_tokens", "input_tokens")
+    outputs = _first(usage, "completion_tokens", "output_tokens")
+    inputs = _first(a, semconv.GEN_AI_INPUT_TOKENS, semconv.GEN_AI_OLD_INPUT_TOKENS) if inputs is None else inputs
+    outputs = _first(a, semconv.GEN_AI_OUTPUT_TOKENS, semconv.GEN_AI_OLD_OUTPUT_TOKENS) if outputs is None else outputs
+    return f"{'?' if inputs is None else inputs}->{'?' if outputs is None else outputs} tokens"
+
+
+def _tool_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
 
 
 def _details(span: Span) -> str:
     a = span.attributes
     if span.kind == SpanKind.LLM:
-        usage = a.get(semconv.LLM_USAGE) or {}
-        message = a.get(semconv.LLM_RESPONSE_MESSAGE) or {}
-        calls = [c.get("function", {}).get("name", "?") for c in message.get("tool_calls") or []]
-        parts = [
-            f"{usage.get('prompt_tokens', '?')}->{usage.get('completion_tokens', '?')} tokens",
+        message = a.get(semconv.LLM_RESPONSE_MESSAGE)
+        message = message if isinstance(message, dict) else {}
+        calls = [c.get("function", {}).get("name", "?") for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+        model = _first(a, semconv.LLM_RESPONSE_MODEL, semconv.LLM_REQUEST_MODEL, semconv.GEN_AI_RESPONSE_MODEL)
+        parts = [f"model {_clip(str(model), 40)}"] if model is not None else []
+        parts += [
+            _tokens(a),
             f"finish {a.get(semconv.LLM_FINISH_REASON, '?')}",
             f"ids {a.get(semconv.LLM_TOKEN_IDS_SOURCE, 'none')}",
         ]
         if a.get(semconv.RESOURCES_VERSION) is not None:
             parts.append(f"v{a[semconv.RESOURCES_VERSION]}")
+        text = message.get("content") or a.get(semconv.LLM_RESPONSE_TEXT)
         if calls:
             parts.append("calls " + ", ".join(calls))
-        elif message.get("content"):
-            parts.append(repr(_cut(" ".join(str(message["content"]).split()), 60)))  # repr escapes
+        elif text:
+            parts.append(repr(_cut(" ".join(str(text).split()), 60)))  # repr escapes
         return "  ".join(parts)
     if span.kind == SpanKind.TOOL:
-        args = a.get(semconv.TOOL_ARGUMENTS)
-        out = a.get(semconv.TOOL_OUTPUT)
-        args_text = args if isinstance(args, str) else json.dumps(args, default=str)
-        return f"{_clip(str(args_text), 50)} -> {_clip(str(out), 50)}" + (
+        name = _first(a, semconv.TOOL_NAME, semconv.GEN_AI_TOOL_NAME) or span.name
+        args = _first(a, semconv.TOOL_ARGUMENTS, semconv.GEN_AI_TOOL_CALL_ARGUMENTS)
+        out = _first(a, semconv.TOOL_OUTPUT, semconv.GEN_AI_TOOL_CALL_RESULT)
+        args_text = "" if args is None else _clip(_tool_text(args), 50)
+        out_text = "-" if out is None else _clip(_tool_text(out), 50)
+        return f"{_clip(str(name), 40)}({args_text}) -> {out_text}" + (
             "  (tool error)" if a.get(semconv.TOOL_ERROR) else ""
         )
     if span.kind == SpanKind.REWARD:
         name = a.get(semconv.REWARD_NAME)
         return f"{_fmt(a.get(semconv.REWARD_VALUE))}" + (f" ({name})" if name else "")
+    if span.kind == SpanKind.AGENT and a.get(semconv.GEN_AI_AGENT_ID) is not None:
+        return f"id {_clip(str(a[semconv.GEN_AI_AGENT_ID]), 40)}"
     if span.name == "exception":
         return f"{a.get(semconv.EXCEPTION_TYPE, '')}: {_clip(str(a.get(semconv.EXCEPTION_MESSAGE, '')), 80)}"
     return ""

@@ -1,9 +1,12 @@
 """OpenTelemetry spans to `Span` records: the store's OTLP/HTTP receiver, and the OTel tracer.
 
 A span belongs to a rollout through `semconv.ROLLOUT_ID`/`ATTEMPT_ID`, as span or resource
-attributes; its kind is `semconv.SPAN_KIND` or inferred from its attributes; its order is
-`semconv.SEQUENCE_ID` when given. Attributes in `semconv.JSON_ATTRIBUTES` travel as JSON strings
-and are decoded here. `receive_traces` serves `POST /v1/traces` (OTLP/HTTP, protobuf or JSON).
+attributes; its kind is `semconv.SPAN_KIND`, else what OpenTelemetry's GenAI conventions say
+(`alight.store.genai`, which also adds alight's attributes for them), else inferred from its
+attributes; its order is `semconv.SEQUENCE_ID` when given. Attributes in `semconv.JSON_ATTRIBUTES`
+travel as JSON strings and are decoded here. The sender's resource attributes are kept on each
+span under `semconv.RESOURCE_PREFIX` (`resource.service.name`, ...), its span events under
+`semconv.OTEL_EVENTS`. `receive_traces` serves `POST /v1/traces` (OTLP/HTTP, protobuf or JSON).
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from pydantic import ValidationError
 
 from alight import semconv
 from alight.errors import AlightError, InvalidRequestError, PayloadTooLargeError
+from alight.store import genai
 from alight.store.base import Store
 from alight.types import Span, SpanKind, SpanStatus
 
 logger = logging.getLogger(__name__)
 
 _ROUTING = (semconv.ROLLOUT_ID, semconv.ATTEMPT_ID, semconv.SPAN_KIND, semconv.SEQUENCE_ID)
+_AGENT_KEYS = (semconv.GEN_AI_AGENT_NAME, semconv.PLAIN_AGENT_NAME)
 _STATUS = {0: SpanStatus.UNSET, 1: SpanStatus.OK, 2: SpanStatus.ERROR}
 _STATUS_NAMES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
 
@@ -48,9 +53,9 @@ def infer_kind(name: str, attributes: Mapping[str, Any]) -> SpanKind:
         return SpanKind.REWARD
     if semconv.TOOL_NAME in attributes or "gen_ai.tool.name" in attributes:
         return SpanKind.TOOL
-    if any(key.startswith(("llm.", "gen_ai.request", "gen_ai.response")) for key in attributes):
+    if any(key.startswith(("llm.", "gen_ai.request", "gen_ai.response", "gen_ai.usage")) for key in attributes):
         return SpanKind.LLM
-    if "gen_ai.agent.name" in attributes or name.startswith("invoke_agent"):
+    if name.startswith("invoke_agent") or any(k in attributes for k in _AGENT_KEYS):
         return SpanKind.AGENT
     return SpanKind.OTHER
 
@@ -67,10 +72,14 @@ def make_span(
     resource_attributes: Mapping[str, Any],
     status_code: int,
     status_message: str | None,
+    events: list[dict[str, Any]] | None = None,
     validate: bool = True,
+    keep_resource: bool = True,
 ) -> Span | None:
     """A `Span` from decoded OpenTelemetry fields, or None when no rollout/attempt id is known
-    (or, with `validate`, when the fields are not a valid span)."""
+    (or, with `validate`, when the fields are not a valid span). With `keep_resource`, the resource
+    attributes (but the rollout/attempt ids) are kept as `resource.`-prefixed span attributes;
+    `events` ({"name", "time_unix_nano", "attributes"} each) are kept in `semconv.OTEL_EVENTS`."""
     rollout_id = attributes.get(semconv.ROLLOUT_ID) or resource_attributes.get(semconv.ROLLOUT_ID)
     attempt_id = attributes.get(semconv.ATTEMPT_ID) or resource_attributes.get(semconv.ATTEMPT_ID)
     if not rollout_id or not attempt_id:
@@ -84,8 +93,25 @@ def make_span(
         if key in semconv.JSON_ATTRIBUTES and isinstance(value, str):
             value = _json_or_text(value)
         attrs[key] = value
+    if keep_resource:
+        for key, value in resource_attributes.items():
+            if key not in _ROUTING:
+                attrs.setdefault(semconv.RESOURCE_PREFIX + key, value)
+    if events:
+        attrs.setdefault(semconv.OTEL_EVENTS, events)
+    genai_kind = None
+    if genai.is_genai(name, attrs):
+        try:
+            genai_kind = genai.from_genai(name, attrs, events or ())
+        except (TypeError, ValueError, AttributeError, KeyError) as err:  # a sender's odd shapes: stored as sent
+            logger.debug("OTLP span %r: GenAI attributes not read: %s", name, err)
+    error_type = attrs.get(semconv.ERROR_TYPE)
+    if error_type is not None and status_code == 0:  # GenAI spans name their error in error.type
+        status_code = 2
+    if status_code == 2 and not status_message and error_type is not None:
+        status_message = str(error_type)
     try:
-        kind = SpanKind(raw_kind) if raw_kind is not None else infer_kind(name, attrs)
+        kind = SpanKind(raw_kind) if raw_kind is not None else genai_kind or infer_kind(name, attrs)
     except ValueError:
         kind = SpanKind.OTHER
     sequence_id = None
@@ -175,6 +201,14 @@ def spans_from_protobuf(body: bytes) -> tuple[list[Span], int]:
                     resource_attributes=resource,
                     status_code=int(otlp.status.code),
                     status_message=otlp.status.message,
+                    events=[
+                        {
+                            "name": event.name,
+                            "time_unix_nano": event.time_unix_nano,
+                            "attributes": {kv.key: _proto_value(kv.value) for kv in event.attributes},
+                        }
+                        for event in otlp.events
+                    ],
                 )
                 if span is None:
                     dropped += 1
@@ -236,6 +270,14 @@ def spans_from_json(body: bytes) -> tuple[list[Span], int]:
                         resource_attributes=resource,
                         status_code=_status_code(status.get("code", 0)),
                         status_message=status.get("message"),
+                        events=[
+                            {
+                                "name": str(event.get("name", "")),
+                                "time_unix_nano": int(event.get("timeUnixNano", 0)),
+                                "attributes": _json_attributes(event.get("attributes", [])),
+                            }
+                            for event in otlp.get("events", [])
+                        ],
                     )
                     if span is None:
                         dropped += 1

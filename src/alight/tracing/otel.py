@@ -45,6 +45,7 @@ def span_from_readable(span: ReadableSpan) -> Any:
         status_code=span.status.status_code.value,
         status_message=span.status.description,
         validate=False,
+        keep_resource=False,  # in-process spans: no sender's resource to keep
     )
 
 
@@ -115,12 +116,17 @@ class _StoreSpanProcessor(SpanProcessor):
         frame = current_frame()
         if frame is None or frame.attempt.attempt_id not in self.attempts:
             return
+        # The agent a GenAI span names (or its foreign parent was given), else the alight agent running.
+        agent = attributes.get(semconv.GEN_AI_AGENT_NAME) or attributes.get(semconv.PLAIN_AGENT_NAME)
+        if agent is None:
+            parent = trace.get_current_span(parent_context)
+            agent = (getattr(parent, "attributes", None) or {}).get(semconv.AGENT_NAME) or frame.agent_name
         span.set_attributes(
             {
                 semconv.ROLLOUT_ID: frame.attempt.rollout_id,
                 semconv.ATTEMPT_ID: frame.attempt.attempt_id,
                 semconv.SEQUENCE_ID: frame.attempt.next_sequence_id(),
-                semconv.AGENT_NAME: frame.agent_name,
+                semconv.AGENT_NAME: str(agent),
             }
         )
 
