@@ -134,11 +134,12 @@ async def test_the_openai_sdk_takes_one_sequence_number_per_call(
     numbers = []
     for _ in range(3):
         if sync:
-            client = openai.OpenAI(base_url=base_url, api_key="x")
-            await asyncio.to_thread(client.chat.completions.create, model="m", messages=messages)
+            with openai.OpenAI(base_url=base_url, api_key="x") as client:
+                await asyncio.to_thread(client.chat.completions.create, model="m", messages=messages)
         else:
-            aclient = openai.AsyncOpenAI(base_url=base_url, api_key="x")
-            await aclient.chat.completions.create(model="m", messages=messages)
+            # closed here: one left to the garbage collector closes itself on a later test's event loop
+            async with openai.AsyncOpenAI(base_url=base_url, api_key="x") as aclient:
+                await aclient.chat.completions.create(model="m", messages=messages)
         numbers.append(alight_headers(server)[semconv.HEADER_SEQUENCE_ID])
     assert numbers == ["2", "3", "4"]  # the SDK's numbers, the httpx hook adding none
     assert attempt.next_sequence_id() == 5
