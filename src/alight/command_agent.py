@@ -144,7 +144,7 @@ class CommandAgent(LitAgent):
             _drain(process.stderr, stderr.add, log=f"{self.name} stderr"),
         )
         try:
-            code = await process.wait()
+            code = await _exit_code(process)
             _kill_session(process.pid)  # what it left running would hold its pipes open, and is ours to end
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(pipes), PIPE_DRAIN_S)
@@ -153,7 +153,7 @@ class CommandAgent(LitAgent):
                 _kill_session(process.pid)
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
-                await asyncio.shield(process.wait())
+                await asyncio.shield(_exit_code(process))
             if not pipes.done():
                 pipes.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -168,14 +168,16 @@ class CommandAgent(LitAgent):
 
 
 def command_agent(command: Any, name: str | None = None) -> CommandAgent:
-    """The agent of a config's `agent.command` (a list of strings, or a string split like a shell)."""
-    if isinstance(command, str) or (isinstance(command, Sequence) and not isinstance(command, bytes)):
-        return CommandAgent(command if isinstance(command, str) else [str(part) for part in command], name)
-    try:  # an OmegaConf ListConfig
-        parts = [str(part) for part in command]
-    except TypeError:
-        raise ConfigError(f"agent.command must be a list of strings or a string, got {command!r}") from None
-    return CommandAgent(parts, name)
+    """The agent of a config's `agent.command`: a list of arguments (numbers become text), or a
+    string split like a shell splits it. ConfigError, in one line, for anything else."""
+    if isinstance(command, str):
+        return CommandAgent(command, name)
+    parts: list[str] = []
+    if not isinstance(command, Mapping | bytes) and hasattr(command, "__iter__"):  # a list, an OmegaConf ListConfig
+        parts = [str(part) for part in command if isinstance(part, str | int | float) and not isinstance(part, bool)]
+        if len(parts) == len(list(command)):
+            return CommandAgent(parts, name)
+    raise ConfigError(f"agent.command must be a list of strings or a string, got {command!r}")
 
 
 def parse_reward(text: str) -> float | None:
@@ -303,6 +305,16 @@ async def _drain(stream: asyncio.StreamReader, sink: Any, log: str | None = None
             return
         if log is not None and logger.isEnabledFor(logging.DEBUG):
             logger.debug("%s: %s", log, chunk.decode(errors="replace").rstrip())
+
+
+async def _exit_code(process: asyncio.subprocess.Process) -> int:
+    """The program's exit code once it has exited. Not `process.wait()`: that also waits for its
+    pipes to close, which a child it left running may hold open."""
+    delay = 0.005
+    while process.returncode is None:
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 0.05)
+    return process.returncode
 
 
 def _kill_session(pid: int) -> None:
