@@ -20,11 +20,12 @@ runner's own environment):
 The base URL names the agent and its AGENT span in its path, so the program's LLM calls nest under
 the agent span with the agent's name although it sends no alight header. The reward is what the
 program wrote to `ALIGHT_REWARD_FILE` (a number or `{"reward": x}`), else the last line of its
-stdout that is a number or a JSON object with a "reward"; with neither, the rewards the program
-posted to the store itself (reward spans, `POST {ALIGHT_STORE_URL}/store/spans`), as for a Python
-agent that returns None. A non-zero exit fails the attempt with the end of the program's stderr;
-when the attempt times out or is cancelled, the program and everything it started in its session
-are killed.
+stdout that is a number or a JSON object with a "reward"; with neither, the last of the reward
+spans the program posted to the store itself (`POST {ALIGHT_STORE_URL}/store/spans`, with the
+store's token as bearer when it has one; numbered as they arrive, so intermediate rewards keep
+their place among the LLM calls), as for a Python agent that emits its rewards. A non-zero exit
+fails the attempt with the end of the program's stderr; when the attempt times out or is
+cancelled, the program and everything it started in its session are killed.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from alight import semconv
 from alight.agent import LLM, AgentFailure, LitAgent
 from alight.errors import ConfigError
 from alight.tracing.context import current_attempt, current_frame
-from alight.types import Attempt, Rollout
+from alight.types import Attempt, Rollout, SpanKind
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,8 @@ class CommandAgent(LitAgent):
             if reward is None:
                 raise AgentFailure(f"agent {self.name}: ALIGHT_REWARD_FILE holds {written[:80]!r}, not a reward")
             return reward
+        if stdout_reward is None:
+            await _adopt_posted_reward(rollout.rollout_id, attempt_id)
         return stdout_reward
 
     def environment(self, llm: LLM | None, rollout_id: str, attempt_id: str) -> dict[str, str]:
@@ -198,6 +202,22 @@ def parse_reward(text: str) -> float | None:
     if not math.isfinite(value):
         raise AgentFailure(f"the program's reward {value!r} is not a finite number")
     return float(value)
+
+
+async def _adopt_posted_reward(rollout_id: str, attempt_id: str) -> None:
+    """Make the last reward span the program posted to the store itself the attempt's reward, as
+    `emit_reward` does for Python agents (the span is there already: none is added)."""
+    context = current_attempt()
+    if context is None or not attempt_id:
+        return
+    spans = await context.store.query_spans(rollout_id, attempt_id)
+    posted = [
+        s
+        for s in spans
+        if s.kind is SpanKind.REWARD and isinstance(s.attributes.get(semconv.REWARD_VALUE), int | float)
+    ]
+    if posted:
+        context.rewards.append(float(posted[-1].attributes[semconv.REWARD_VALUE]))
 
 
 # -- the command ---------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,33 @@ def test_a_command_agent_is_checked_when_made_and_travels_to_workers(tmp_path: P
         assert "\n" not in str(raised.value)
     with pytest.raises(ConfigError, match="without '/'"):
         command_agent(["sh"], "a/b")
+
+
+POST_REWARD = """curl -sS --fail -X POST "$ALIGHT_STORE_URL/store/spans" -H 'content-type: application/json' -d \
+"{\\"spans\\": [{\\"rollout_id\\": \\"$ALIGHT_ROLLOUT_ID\\", \\"attempt_id\\": \\"$ALIGHT_ATTEMPT_ID\\",\
+ \\"parent_id\\": \\"$ALIGHT_PARENT_SPAN_ID\\", \\"name\\": \\"reward\\", \\"kind\\": \\"reward\\",\
+ \\"attributes\\": {\\"reward.value\\": $1, \\"alight.agent.name\\": \\"$ALIGHT_AGENT_NAME\\"}}]}" > /dev/null
+"""
+
+
+async def test_rewards_the_program_posts_to_the_store_itself(tmp_path: Path, store_server: Any) -> None:
+    """Over a real store server (the program reaches it at ALIGHT_STORE_URL, with curl): the last
+    posted reward is the attempt's, and no second reward span is added."""
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    from alight.runner import Runner
+    from alight.store.client import StoreClient
+
+    (tmp_path / "post.sh").write_text(POST_REWARD)
+    agent = script(tmp_path, f"sh {tmp_path / 'post.sh'} 0.2\nsh {tmp_path / 'post.sh'} 0.9\necho not a reward\n")
+    async with StoreClient(store_server.url) as store:
+        [queued] = await store.enqueue([Rollout(task=Task(input={"q": 1}))])
+        runner = Runner(agent, store, tracer=make_tracer("light"), instrument=False)
+        assert await runner.run(max_rollouts=1, idle_exit_s=1.0) == 1
+        done = await store.get_rollout(queued.rollout_id)
+        spans = await store.query_spans(done.rollout_id)
+    assert done.status is RolloutStatus.SUCCEEDED and done.reward == pytest.approx(0.9)
+    rewards = [s for s in spans if s.kind is SpanKind.REWARD]
+    assert [s.attributes["reward.value"] for s in rewards] == [0.2, 0.9]
+    [agent_span] = [s for s in spans if s.kind is SpanKind.AGENT]
+    assert {s.parent_id for s in rewards} == {agent_span.span_id}
