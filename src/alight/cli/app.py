@@ -360,6 +360,9 @@ def runner(
     from alight.trainer.serve import serve_runners
     from alight.trainer.stack import runner_agent
 
+    if (agent is None) == (command is None):
+        raise ConfigError("alight runner: give --agent (a Python entrypoint) or --command (a program), one of them")
+
     def ready(pool: object) -> None:
         kind = "Ray actors" if backend == "ray" else "workers"
         typer.echo(f"alight runner: {n_runners} {kind} on {store}; Ctrl-C drains and stops", err=True)
