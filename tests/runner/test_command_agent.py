@@ -220,3 +220,16 @@ async def test_rewards_the_program_posts_to_the_store_itself(tmp_path: Path, sto
     assert [s.attributes["reward.value"] for s in rewards] == [0.2, 0.9]
     [agent_span] = [s for s in spans if s.kind is SpanKind.AGENT]
     assert {s.parent_id for s in rewards} == {agent_span.span_id}
+
+
+def test_the_proxy_reads_the_agent_and_its_span_from_the_path_before_the_headers() -> None:
+    from alight import semconv
+    from alight.proxy.recorder import CallContext
+
+    path = {"rollout_id": "ro-1", "attempt_id": "at-1", "agent_name": "calc", "trace_id": "t1", "parent_span_id": "s1"}
+    headers = {semconv.HEADER_AGENT_NAME: "other", semconv.HEADER_PARENT_SPAN_ID: "s2", semconv.HEADER_TRACE_ID: "t2"}
+    context = CallContext.of(path, headers)
+    assert (context.agent_name, context.trace_id, context.parent_id) == ("calc", "t1", "s1")
+    context = CallContext.of({"rollout_id": "ro-1", "attempt_id": "at-1"}, headers)
+    assert (context.agent_name, context.trace_id, context.parent_id) == ("other", "t2", "s2")
+    assert context.sequence_id is None  # the store numbers it as it arrives
