@@ -69,12 +69,14 @@ ALLOWED: dict[str, frozenset[str]] = {
         "adapters": {"chat_template"},
         "tracing": {"store"},
         "agent": {"tracing", "entrypoints"},
+        "command_agent": {"agent", "tracing"},
         "algorithms": {"adapters", "store", "config", "entrypoints"},
         "proxy": {"store", "engines", "serving"},
         "backends": {"algorithms", "config", "models"},
         "runner": {"store", "tracing", "agent", "serving", "config"},  # config: the pool factory reads RunnerConfig
         "trainer": {
-            *("adapters", "agent", "algorithms", "backends", "config", "data", "engines", "entrypoints"),
+            *("adapters", "agent", "algorithms", "backends", "command_agent", "config", "data", "engines"),
+            "entrypoints",
             *("models", "proxy", "runner", "serving", "store", "tracing"),
         },
         "<root>": {"agent", "config", "store", "tracing", "trainer"},

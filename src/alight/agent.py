@@ -24,6 +24,11 @@ from alight.types import Attempt, LLMResource, ResourceSet, Rollout
 AGENT_PARAMETERS = ("task", "llm", "resources", "rollout", "attempt")
 
 
+class AgentFailure(Exception):
+    """An agent failure whose message tells the whole story (a command agent's exit code and stderr
+    tail): the runner stores the message on the attempt, without a Python traceback."""
+
+
 class LLM(BaseModel):
     """The policy model as an agent sees it: an OpenAI-compatible endpoint bound to one attempt.
 

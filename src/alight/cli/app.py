@@ -336,7 +336,13 @@ def trace(
 @app.command(cls=_Command)
 def runner(
     store: Annotated[str, typer.Option(help="The store server's URL, e.g. http://127.0.0.1:4747.")],
-    agent: Annotated[str, typer.Option(help="Agent entrypoint: 'module:name' or 'path/to/file.py:name'.")],
+    agent: Annotated[
+        str | None, typer.Option(help="Agent entrypoint: 'module:name' or 'path/to/file.py:name'.")
+    ] = None,
+    command: Annotated[
+        str | None, typer.Option(help="Or a program to run per attempt (any language), e.g. 'node agent.js'.")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="With --command: the agent's name on its spans.")] = None,
     n_runners: Annotated[int, typer.Option("--n-runners", "-n", min=1, help="Runners (processes or Ray actors).")] = 4,
     tracer: Annotated[str, typer.Option(help="light or otel.")] = "light",
     drain_timeout: Annotated[
@@ -350,7 +356,12 @@ def runner(
     ] = None,
 ) -> None:
     """Run agents on the rollouts of a store server (on this or another machine) until Ctrl-C."""
+    from alight.config.schema import AgentConfig
     from alight.trainer.serve import serve_runners
+    from alight.trainer.stack import runner_agent
+
+    if (agent is None) == (command is None):
+        raise ConfigError("alight runner: give --agent (a Python entrypoint) or --command (a program), one of them")
 
     def ready(pool: object) -> None:
         kind = "Ray actors" if backend == "ray" else "workers"
@@ -360,7 +371,7 @@ def runner(
             typer.echo(f"alight runner: Ray dashboard at {dashboard}", err=True)
 
     stats = serve_runners(
-        agent,
+        runner_agent(AgentConfig(entrypoint=agent, command=command, name=name), check=False),
         store,
         n_runners=n_runners,
         tracer=tracer,

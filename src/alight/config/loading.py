@@ -16,6 +16,8 @@ from alight.config.schema import SCHEMA_NAME, ExperimentConfig, register
 from alight.errors import ConfigError, one_line
 
 _MAIN_NAME = "__alight_main__"
+#: What a config must say about its agent.
+AGENT_CHOICE = "set exactly one of agent.entrypoint ('module:function') and agent.command (a program to run)"
 _lock = threading.Lock()  # Hydra's compose API keeps global state
 
 
@@ -52,6 +54,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"config {file}: required value missing: {', '.join(missing)}")
+    if (cfg.agent.entrypoint is None) == (cfg.agent.command is None):
+        raise ConfigError(f"config {file}: {AGENT_CHOICE}")
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

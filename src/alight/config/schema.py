@@ -1,7 +1,7 @@
 """The experiment schema: one dataclass per config group, registered in Hydra's ConfigStore.
 
-A YAML experiment (configs/*.yaml) fills these; every field has a default except the agent's
-entrypoint, so a config names only what differs. Hydra checks keys and types against them.
+A YAML experiment (configs/*.yaml) fills these; every field has a default except the agent (its
+entrypoint or its command), so a config names only what differs. Hydra checks keys and types against them.
 """
 
 from __future__ import annotations
@@ -9,13 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import MISSING
-
 
 @dataclass
 class AgentConfig:
-    entrypoint: str = MISSING  # "package.module:function" or "path/to/agent.py:function"
-    name: str | None = None  # agent name recorded on spans; default: the function or class name
+    # Exactly one of entrypoint and command.
+    entrypoint: str | None = None  # "package.module:function" or "path/to/agent.py:function"
+    # A program in any language, run once per attempt: ["node", "agent.js"] or a shell-like string;
+    # relative paths are relative to the working directory (see alight.command_agent)
+    command: Any = None
+    name: str | None = None  # agent name on spans; default: the function or class name (command: the script's stem)
 
 
 @dataclass

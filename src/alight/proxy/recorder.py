@@ -48,7 +48,9 @@ class CallContext:
 
     @classmethod
     def of(cls, path_params: Mapping[str, str], headers: Mapping[str, str]) -> CallContext:
-        """Ids from the path (`/rollout/{rollout_id}/attempt/{attempt_id}/v1/...`), else the headers."""
+        """Ids from the path (`/rollout/{rollout_id}/attempt/{attempt_id}[/agent/{agent_name}/trace/
+        {trace_id}/span/{parent_span_id}]/v1/...`), else the headers. Without a sequence id the
+        store numbers the span as it arrives (after every span of the attempt stored so far)."""
         sequence = headers.get(semconv.HEADER_SEQUENCE_ID)
         sequence_id = None
         if sequence is not None:
@@ -59,9 +61,9 @@ class CallContext:
         return cls(
             rollout_id=path_params.get("rollout_id") or headers.get(semconv.HEADER_ROLLOUT_ID),
             attempt_id=path_params.get("attempt_id") or headers.get(semconv.HEADER_ATTEMPT_ID),
-            agent_name=headers.get(semconv.HEADER_AGENT_NAME),
-            parent_id=headers.get(semconv.HEADER_PARENT_SPAN_ID),
-            trace_id=headers.get(semconv.HEADER_TRACE_ID),
+            agent_name=path_params.get("agent_name") or headers.get(semconv.HEADER_AGENT_NAME),
+            parent_id=path_params.get("parent_span_id") or headers.get(semconv.HEADER_PARENT_SPAN_ID),
+            trace_id=path_params.get("trace_id") or headers.get(semconv.HEADER_TRACE_ID),
             sequence_id=sequence_id,
         )
 

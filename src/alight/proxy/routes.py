@@ -1,4 +1,5 @@
-"""The proxy's routes: OpenAI's API at `/v1/...` and `/rollout/{rollout_id}/attempt/{attempt_id}/v1/...`.
+"""The proxy's routes: OpenAI's API at `/v1/...`, `/rollout/{rollout_id}/attempt/{attempt_id}/v1/...`
+and `.../attempt/{attempt_id}/agent/{agent_name}/trace/{trace_id}/span/{parent_span_id}/v1/...`.
 
 On the app every alight server starts from (`alight.serving.app.ServerApp`), every failure answers
 in OpenAI's error format (`{"error": {"message", "type", "param", "code"}}`): 400 for an invalid
@@ -46,6 +47,9 @@ from alight.serving.openapi import Operation
 logger = logging.getLogger(__name__)
 
 ROLLOUT_PREFIX = "/rollout/{rollout_id}/attempt/{attempt_id}"
+#: The route of one agent of an attempt, for programs that send no alight headers (command agents):
+#: the path names the agent and the span its calls nest under (see CallContext.of).
+AGENT_PREFIX = ROLLOUT_PREFIX + "/agent/{agent_name}/trace/{trace_id}/span/{parent_span_id}"
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -229,7 +233,7 @@ def create_app(
         server.route(path, method, handler)
         operations.append(Operation(path, method, summary, body))
 
-    for prefix in ("", ROLLOUT_PREFIX):
+    for prefix in ("", ROLLOUT_PREFIX, AGENT_PREFIX):
         route(f"{prefix}/v1/chat/completions", "POST", chat, "chat completion", ChatBody)
         route(f"{prefix}/v1/completions", "POST", complete, "text completion", CompletionBody)
         route(f"{prefix}/v1/responses", "POST", respond, "Responses API call", ResponsesBody)

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from alight.agent import LitAgent, bind_resources
+from alight.agent import AgentFailure, LitAgent, bind_resources
 from alight.errors import AlightError, InvalidTransitionError, NotFoundError
 from alight.tracing import AttemptContext, emit_exception, emit_reward
 from alight.types import Attempt, AttemptStatus, Claim, ResourceSet, Rollout, new_id
@@ -237,7 +237,8 @@ class Runner:
         err = agent_task.exception()
         if err is not None:
             emit_exception(err)
-            return Outcome(AttemptStatus.FAILED, error="".join(traceback.format_exception(err)))
+            error = str(err) if isinstance(err, AgentFailure) else "".join(traceback.format_exception(err))
+            return Outcome(AttemptStatus.FAILED, error=error)
         result = agent_task.result()
         if result is not None:
             emit_reward(result, name="final")  # finite: the agent wrapper checked it

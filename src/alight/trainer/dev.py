@@ -141,10 +141,9 @@ def run_dev(
     `with_endpoint`); `temperature` replaces the sampling temperature (0: greedy, for evaluation).
     `on_progress` gets the counts of ended rollouts. Every input problem raises ConfigError before
     a worker starts."""
-    from alight.agent import load_agent
     from alight.models.progress import quiet_progress_bars
     from alight.trainer.run_dir import new_run_dir
-    from alight.trainer.stack import LocalStack, check_endpoint
+    from alight.trainer.stack import LocalStack, check_endpoint, runner_agent
     from alight.trainer.threads import ThreadPolicy
 
     started = time.monotonic()
@@ -153,7 +152,7 @@ def run_dev(
     cfg = with_temperature(with_endpoint(cfg, endpoint, model), temperature)
     count = None if all_rows else (n or cfg.dev.n)
     threads = ThreadPolicy.from_config(cfg.trainer.torch_threads, cfg.trainer.torch_interop_threads, cfg.engine.device)
-    load_agent(cfg.agent.entrypoint)  # an entrypoint that does not import fails here, in one line
+    runner_agent(cfg.agent)  # an entrypoint that does not import, a missing program: one line, here
     split_name, tasks = dev_rows(cfg, count, split)
     run_dir = run_dir or new_run_dir(cfg, "dev")
     if cfg.engine.kind == "litellm" and cfg.engine.base_url:

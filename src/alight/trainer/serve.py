@@ -13,6 +13,7 @@ from alight.errors import ConfigError
 from alight.serving.auth import check_bind
 
 if TYPE_CHECKING:
+    from alight.agent import LitAgent
     from alight.runner.slots import PoolStats
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def serve_store(
 
 
 def serve_runners(
-    agent: str,
+    agent: str | LitAgent,
     store_url: str,
     *,
     n_runners: int = 4,

@@ -17,13 +17,14 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alight.config.schema import EngineConfig, ExperimentConfig
+from alight.config.schema import AgentConfig, EngineConfig, ExperimentConfig
 from alight.errors import ConfigError
 from alight.serving.advertise import check_advertise_url
 from alight.serving.auth import TOKEN_ENV, is_loopback, resolve_token
 from alight.trainer.run_dir import STORE_FILE
 
 if TYPE_CHECKING:
+    from alight.agent import LitAgent
     from alight.runner.base import Pool
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,37 @@ def engine_options(engine: EngineConfig) -> tuple[str, dict[str, Any]]:
         options.update(base_url=engine.base_url, api_key_env=engine.api_key_env, tokenizer=engine.tokenizer)
     options.update(engine.options)
     return engine.kind, options
+
+
+def runner_agent(agent: AgentConfig, *, check: bool = True) -> str | LitAgent:
+    """What runners run for a config's `agent` section: its entrypoint (each runner imports it), or
+    a `CommandAgent` for `agent.command` (sent to runners as it is). With `check`, an entrypoint
+    that does not import, or a command whose executable is missing, raises a one-line ConfigError."""
+    from alight.config.loading import AGENT_CHOICE
+
+    if (agent.entrypoint is None) == (agent.command is None):
+        raise ConfigError(AGENT_CHOICE)
+    if agent.command is not None:
+        from alight.command_agent import command_agent
+
+        return command_agent(agent.command, agent.name)
+    assert agent.entrypoint is not None
+    if check:
+        from alight.agent import load_agent
+
+        load_agent(agent.entrypoint)
+    return agent.entrypoint
+
+
+def runner_command(agent: str | LitAgent) -> str:
+    """The `alight runner` options that run `agent` (as `runner_agent` returns it) on another machine."""
+    import shlex
+
+    from alight.command_agent import CommandAgent
+
+    if isinstance(agent, CommandAgent):
+        return f"--command {shlex.quote(shlex.join(agent.command))} --name {shlex.quote(agent.name)}"
+    return f"--agent {agent}"
 
 
 def check_endpoint(base_url: str, timeout_s: float = 5.0) -> None:
@@ -123,7 +155,7 @@ class LocalStack:
             if self.n_runners > 0:
                 self.pool = make_pool(
                     self.cfg.runner,
-                    self.cfg.agent.entrypoint,
+                    runner_agent(self.cfg.agent, check=False),
                     self.store_advertise_url,
                     n_runners=self.n_runners,
                     token=self.token,
@@ -139,7 +171,8 @@ class LocalStack:
         reach the store."""
         from urllib.parse import urlsplit
 
-        command = f"alight runner --store {self.store_advertise_url} --agent {self.cfg.agent.entrypoint}"
+        agent = runner_command(runner_agent(self.cfg.agent, check=False))
+        command = f"alight runner --store {self.store_advertise_url} {agent}"
         if self.token is not None:
             command += f" (with {TOKEN_ENV} set to the run's token)"
         if self.n_runners == 0:

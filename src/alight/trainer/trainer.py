@@ -76,19 +76,20 @@ class Trainer:
     ) -> FitResult:
         """Warm start (if configured) then RL for `trainer.steps` steps (or `epochs` over the data).
 
-        `agent`: a decorated function / LitAgent defined at module level, or an entrypoint string;
-        default: `agent.entrypoint`. `train_data` / `val_data`: lists of rows, or data specs; default:
-        `data.train` / `data.val`. Input problems raise ConfigError before anything starts."""
-        from alight.agent import load_agent
+        `agent`: a decorated function / LitAgent defined at module level, an entrypoint string or
+        a `CommandAgent`; default: the config's `agent.entrypoint` or `agent.command`. `train_data` /
+        `val_data`: lists of rows, or data specs; default: `data.train` / `data.val`. Input problems
+        raise ConfigError before anything starts."""
         from alight.backends.factory import check_backend
         from alight.runner.factory import check_pool
         from alight.trainer.loop import RLLoop
+        from alight.trainer.stack import runner_agent
 
         cfg = self._config_for(agent)
         _check_trainer(cfg)
         check_backend(cfg)
         check_pool(cfg.runner)
-        load_agent(cfg.agent.entrypoint)  # an entrypoint that does not import fails here, in one line
+        runner_agent(cfg.agent)  # an entrypoint that does not import, a missing program: one line, here
         train_rows = self._rows(train_data, cfg.data.train, cfg.data.train_size, "train")
         if train_rows is None:
             raise ConfigError("the config names no training data (data.train)")
@@ -111,11 +112,17 @@ class Trainer:
 
     # -- pieces ---------------------------------------------------------------------------------
     def _config_for(self, agent: Any) -> ExperimentConfig:
+        from alight.command_agent import CommandAgent
+
         if agent is None:
-            if not self.cfg.agent.entrypoint or self.cfg.agent.entrypoint == "???":
-                raise ConfigError("no agent: pass one to fit() or set agent.entrypoint")
+            if not self.cfg.agent.entrypoint and self.cfg.agent.command is None:
+                raise ConfigError("no agent: pass one to fit() or set agent.entrypoint or agent.command")
             return self.cfg
-        return dataclasses.replace(self.cfg, agent=dataclasses.replace(self.cfg.agent, entrypoint=entrypoint_of(agent)))
+        if isinstance(agent, CommandAgent):
+            chosen = dataclasses.replace(self.cfg.agent, entrypoint=None, command=list(agent.command), name=agent.name)
+        else:
+            chosen = dataclasses.replace(self.cfg.agent, entrypoint=entrypoint_of(agent), command=None)
+        return dataclasses.replace(self.cfg, agent=chosen)
 
     def _rows(
         self, given: Rows | str | None, spec: str | None, size: int | None, split: str
