@@ -37,6 +37,12 @@ class LLM(BaseModel):
     api_key: str = "alight"
     sampling_parameters: dict[str, Any] = Field(default_factory=dict)
 
+    @property
+    def anthropic_base_url(self) -> str:
+        """The base URL for Anthropic clients (`anthropic.Anthropic(base_url=...)`, `ANTHROPIC_BASE_URL`):
+        `base_url` without its `/v1`, which they add themselves (`/v1/messages`)."""
+        return self.base_url.removesuffix("/").removesuffix("/v1")
+
 
 def attempt_base_url(endpoint: str, rollout_id: str, attempt_id: str) -> str:
     """The base URL of the proxy route that records calls for one attempt."""
