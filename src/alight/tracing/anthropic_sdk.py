@@ -62,7 +62,7 @@ def _sync_request(request: Callable[..., Any]) -> Callable[..., Any]:
         frame = current_frame()
         if frame is None:
             return request(self, *args, **kwargs)
-        call = MessagesCall.start(frame, self, _options(args, kwargs))
+        call = MessagesCall.start(frame, self, _options(args, kwargs), bool(kwargs.get("stream")))
         try:
             result = request(self, *args, **kwargs)
         except BaseException as err:
@@ -80,7 +80,7 @@ def _async_request(request: Callable[..., Any]) -> Callable[..., Any]:
         frame = current_frame()
         if frame is None:
             return await request(self, *args, **kwargs)
-        call = MessagesCall.start(frame, self, _options(args, kwargs))
+        call = MessagesCall.start(frame, self, _options(args, kwargs), bool(kwargs.get("stream")))
         try:
             result = await request(self, *args, **kwargs)
         except BaseException as err:
@@ -140,19 +140,23 @@ class MessagesCall:
         self.done = False
 
     @classmethod
-    def start(cls, frame: _Frame, client: Any, options: Any) -> MessagesCall | None:
+    def start(cls, frame: _Frame, client: Any, options: Any, stream: bool) -> MessagesCall | None:
         """Headers for a proxied request; a call to follow for a Messages request (else None)."""
         if options is None:
             return None
         proxied = is_proxy_call(client, options)
-        if proxied:
-            _add_proxy_headers(frame, options)
         body = options.json_data
         messages_call = str(options.method).lower() == "post" and str(options.url).endswith(MESSAGES_PATH)
-        if not messages_call or not isinstance(body, Mapping):
+        if messages_call and isinstance(body, Mapping):
+            body = {key: jsonable(value) for key, value in body.items() if _is_given(value)}
+            body["stream"] = stream or bool(body.get("stream"))
+            _record_answered_tools(frame, body.get("messages") or [])  # before the call's own number
+        else:
+            body = None
+        if proxied:
+            _add_proxy_headers(frame, options)
+        if body is None:
             return None
-        body = {key: jsonable(value) for key, value in body.items() if _is_given(value)}
-        _record_answered_tools(frame, body.get("messages") or [])
         span = None
         if not proxied:
             span = frame.attempt.start_span("llm.chat", SpanKind.LLM, _request_attributes(body), frame=frame)
