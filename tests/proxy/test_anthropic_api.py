@@ -293,6 +293,13 @@ def test_token_checked_as_bearer_or_x_api_key_with_anthropic_shaped_refusals() -
         assert openai_refusal["error"]["code"] == "unauthorized"
 
 
+def test_a_base_url_with_v1_gets_a_not_found_that_says_what_to_pass(scripted: ProxyServer) -> None:
+    rid, aid = new_attempt(scripted)
+    sdk = anthropic.Anthropic(base_url=scripted.base_url(rid, aid), api_key="x", max_retries=0)  # the OpenAI one
+    with pytest.raises(anthropic.NotFoundError, match="anthropic_base_url"):
+        sdk.messages.create(model="scripted", max_tokens=8, messages=QUESTION)
+
+
 def test_the_llm_resource_gives_anthropic_clients_their_base_url() -> None:
     from alight.agent import LLM, attempt_base_url
 

@@ -205,6 +205,13 @@ def create_app(
         )
         return _json(answer)
 
+    async def doubled_v1(request: Request) -> Response:
+        raise anthropic_api.AnthropicError(
+            f"POST {request.url.path}: not found. The base URL ends in /v1, which Anthropic clients add "
+            "themselves: pass the attempt's route without it (`llm.anthropic_base_url`).",
+            status=404,
+        )
+
     async def complete(request: Request) -> Response:
         context = CallContext.of(request.path_params, request.headers)
         body: CompletionBody = await parsed(request, CompletionBody, context)
@@ -264,6 +271,7 @@ def create_app(
         route(f"{prefix}/v1/completions", "POST", complete, "text completion", CompletionBody)
         route(f"{prefix}/v1/responses", "POST", respond, "Responses API call", ResponsesBody)
         route(f"{prefix}/v1/messages", "POST", messages, "Anthropic Messages API call", anthropic_api.MessagesBody)
+        server.route(f"{prefix}/v1/v1/messages", "POST", doubled_v1)  # a common mistake, named (not in OpenAPI)
         route(f"{prefix}/v1/models", "GET", models, "served models")
         route(f"{prefix}/v1/models/{{model:path}}", "GET", model, "a served model")
     route("/health", "GET", health, "health")
