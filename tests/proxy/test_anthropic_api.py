@@ -300,6 +300,15 @@ def test_a_base_url_with_v1_gets_a_not_found_that_says_what_to_pass(scripted: Pr
         sdk.messages.create(model="scripted", max_tokens=8, messages=QUESTION)
 
 
+def test_both_sdks_list_the_served_models(scripted: ProxyServer) -> None:
+    [card] = client(scripted).models.list().data
+    assert (card.id, card.type, card.display_name) == ("scripted", "model", "scripted")
+    assert client(scripted).models.retrieve("scripted").id == "scripted"
+    import openai
+
+    assert [m.id for m in openai.OpenAI(base_url=scripted.base_url(), api_key="x").models.list()] == ["scripted"]
+
+
 def test_the_llm_resource_gives_anthropic_clients_their_base_url() -> None:
     from alight.agent import LLM, attempt_base_url
 

@@ -237,7 +237,10 @@ def create_app(
         return _json(answer)
 
     async def models(request: Request) -> Response:
-        return _json({"object": "list", "data": [_model_card(name) for name in proxy.model_names]})
+        names = proxy.model_names
+        # OpenAI's list, with the fields Anthropic's adds (has_more, first_id, last_id): both SDKs read it.
+        cards = [_model_card(name) for name in names]
+        return _json({"object": "list", "data": cards, "has_more": False, "first_id": names[0], "last_id": names[-1]})
 
     async def model(request: Request) -> Response:
         name = request.path_params["model"]
@@ -294,7 +297,16 @@ def _error_body_for(path: str) -> ErrorBody | None:
 
 
 def _model_card(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "alight"}
+    """A model as OpenAI's and Anthropic's clients both read it."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "alight",
+        "type": "model",
+        "display_name": name,
+        "created_at": "1970-01-01T00:00:00Z",
+    }
 
 
 async def _completion_events(call_id: str, generation: Generation, include_usage: bool) -> AsyncIterator[bytes]:
