@@ -27,8 +27,8 @@ AGENT_PARAMETERS = ("task", "llm", "resources", "rollout", "attempt")
 class LLM(BaseModel):
     """The policy model as an agent sees it: an OpenAI-compatible endpoint bound to one attempt.
 
-    Pass `base_url`, `api_key` and `model` to any OpenAI client; every call made through it is
-    recorded for this rollout."""
+    Pass `base_url`, `api_key` and `model` to any OpenAI client (`anthropic_base_url` to an
+    Anthropic client); every call made through it is recorded for this rollout."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
