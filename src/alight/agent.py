@@ -32,8 +32,8 @@ class AgentFailure(Exception):
 class LLM(BaseModel):
     """The policy model as an agent sees it: an OpenAI-compatible endpoint bound to one attempt.
 
-    Pass `base_url`, `api_key` and `model` to any OpenAI client; every call made through it is
-    recorded for this rollout."""
+    Pass `base_url`, `api_key` and `model` to any OpenAI client (`anthropic_base_url` to an
+    Anthropic client); every call made through it is recorded for this rollout."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -41,6 +41,12 @@ class LLM(BaseModel):
     base_url: str
     api_key: str = "alight"
     sampling_parameters: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """The base URL for Anthropic clients (`anthropic.Anthropic(base_url=...)`, `ANTHROPIC_BASE_URL`):
+        `base_url` without its `/v1`, which they add themselves (`/v1/messages`)."""
+        return self.base_url.removesuffix("/").removesuffix("/v1")
 
 
 def attempt_base_url(endpoint: str, rollout_id: str, attempt_id: str) -> str:

@@ -12,7 +12,7 @@ CHECK = textwrap.dedent(
     from alight.tracing import make_tracer
 
     make_tracer("light").instrument()
-    libraries = ("openai", "langchain_core", "agents", "autogen_core", "httpx", "requests", "aiohttp")
+    libraries = ("openai", "anthropic", "langchain_core", "agents", "autogen_core", "httpx", "requests", "aiohttp")
     print(sorted(m for m in libraries if m in sys.modules))
     import openai._base_client as base
     import httpx
@@ -20,6 +20,8 @@ CHECK = textwrap.dedent(
     import agents
     from alight.tracing import instrument
     print(sorted(instrument._pending))
+    import anthropic._base_client as anthropic_base
+    print(hasattr(anthropic_base.AsyncAPIClient.request, "__wrapped__"))
     """
 )
 
@@ -27,8 +29,9 @@ CHECK = textwrap.dedent(
 def test_libraries_are_hooked_on_their_first_import_not_before() -> None:
     done = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    imported_at_instrument, openai_hooked, still_pending = done.stdout.split("\n")[:3]
+    imported_at_instrument, openai_hooked, still_pending, anthropic_hooked = done.stdout.split("\n")[:4]
     assert imported_at_instrument == "[]"
     assert openai_hooked == "True"
-    # The Agents SDK imports neither LangChain nor AutoGen, nor requests or aiohttp (openai brings httpx).
-    assert still_pending == "['aiohttp', 'autogen_core', 'langchain_core', 'requests']"
+    # The Agents SDK imports neither anthropic, LangChain nor AutoGen, nor requests or aiohttp (openai brings httpx).
+    assert still_pending == "['aiohttp', 'anthropic', 'autogen_core', 'langchain_core', 'requests']"
+    assert anthropic_hooked == "True"

@@ -1,9 +1,11 @@
 """The proxy's routes: OpenAI's API at `/v1/...`, `/rollout/{rollout_id}/attempt/{attempt_id}/v1/...`
-and `.../attempt/{attempt_id}/agent/{agent_name}/trace/{trace_id}/span/{parent_span_id}/v1/...`.
+and `.../attempt/{attempt_id}/agent/{agent_name}/trace/{trace_id}/span/{parent_span_id}/v1/...`, and
+Anthropic's Messages API (`/v1/messages`) under the same prefixes.
 
 On the app every alight server starts from (`alight.serving.app.ServerApp`), every failure answers
 in OpenAI's error format (`{"error": {"message", "type", "param", "code"}}`): 400 for an invalid
-request, 404 for an unknown model or route, 500 when the engine fails.
+request, 404 for an unknown model or route, 500 when the engine fails. The Anthropic routes answer
+in Anthropic's (`{"type": "error", "error": {"type", "message"}}`, see `anthropic_api`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from starlette.responses import Response
 
 from alight.engines.base import ChatRequest, CompletionRequest, Generation
 from alight.errors import AlightError
+from alight.proxy import anthropic_api
 from alight.proxy import completion_objects as objects
 from alight.proxy.protocol import (
     ChatBody,
@@ -41,7 +44,7 @@ from alight.proxy.responses_api import (
     status_of,
 )
 from alight.proxy.streaming import ChatStream, EngineStream, EventStream
-from alight.serving.app import DEFAULT_MAX_BODY_BYTES, JSON, Handler, ServerApp, unless_disconnected
+from alight.serving.app import DEFAULT_MAX_BODY_BYTES, JSON, ErrorBody, Handler, ServerApp, unless_disconnected
 from alight.serving.openapi import Operation
 
 logger = logging.getLogger(__name__)
@@ -80,7 +83,12 @@ def create_app(
             await proxy.close()
 
     server = ServerApp(
-        "proxy", error_body=openai_error_body, lifespan=running, max_body_bytes=max_body_bytes, token=token
+        "proxy",
+        error_body=openai_error_body,
+        lifespan=running,
+        max_body_bytes=max_body_bytes,
+        token=token,
+        error_body_for=_error_body_for,
     )
 
     async def parsed(
@@ -179,6 +187,35 @@ def create_app(
             response_object(response_id, body, created_at, output=output, generation=generation, alight=alight)
         )
 
+    async def messages(request: Request) -> Response:
+        try:
+            context = CallContext.of(request.path_params, request.headers)
+            body = anthropic_api.parse_body(parse_json(await server.body(request)))
+            proxy.check_model(body.model)
+            for key, value in proxy.sampling_for(context.rollout_id).items():
+                if getattr(body, key) is None:
+                    setattr(body, key, value)
+            engine_request = body.to_request()
+            if body.stream:
+                return await _streamed(anthropic_api.MessagesStream(proxy, context, engine_request, body))
+            generation, message, version = await answer_chat(request, context, engine_request, anthropic_api.API)
+        except (ProxyError, AlightError) as err:
+            raise anthropic_api.as_anthropic(err) from None
+        stop = anthropic_api.stop_of(generation, engine_request.sampling.stop, proxy.token_texts)
+        alight = objects.extension(generation, version, context.recorded_span_id) if body.return_token_ids else None
+        content = anthropic_api.content_blocks(message)
+        answer = anthropic_api.message_object(
+            anthropic_api.new_message_id(), body.model, content, generation=generation, stop=stop, alight=alight
+        )
+        return _json(answer)
+
+    async def doubled_v1(request: Request) -> Response:
+        raise anthropic_api.AnthropicError(
+            f"POST {request.url.path}: not found. The base URL ends in /v1, which Anthropic clients add "
+            "themselves: pass the attempt's route without it (`llm.anthropic_base_url`).",
+            status=404,
+        )
+
     async def complete(request: Request) -> Response:
         context = CallContext.of(request.path_params, request.headers)
         body: CompletionBody = await parsed(request, CompletionBody, context)
@@ -204,7 +241,10 @@ def create_app(
         return _json(answer)
 
     async def models(request: Request) -> Response:
-        return _json({"object": "list", "data": [_model_card(name) for name in proxy.model_names]})
+        names = proxy.model_names
+        # OpenAI's list, with the fields Anthropic's adds (has_more, first_id, last_id): both SDKs read it.
+        cards = [_model_card(name) for name in names]
+        return _json({"object": "list", "data": cards, "has_more": False, "first_id": names[0], "last_id": names[-1]})
 
     async def model(request: Request) -> Response:
         name = request.path_params["model"]
@@ -237,6 +277,8 @@ def create_app(
         route(f"{prefix}/v1/chat/completions", "POST", chat, "chat completion", ChatBody)
         route(f"{prefix}/v1/completions", "POST", complete, "text completion", CompletionBody)
         route(f"{prefix}/v1/responses", "POST", respond, "Responses API call", ResponsesBody)
+        route(f"{prefix}/v1/messages", "POST", messages, "Anthropic Messages API call", anthropic_api.MessagesBody)
+        server.route(f"{prefix}/v1/v1/messages", "POST", doubled_v1)  # a common mistake, named (not in OpenAPI)
         route(f"{prefix}/v1/models", "GET", models, "served models")
         route(f"{prefix}/v1/models/{{model:path}}", "GET", model, "a served model")
     route("/health", "GET", health, "health")
@@ -253,8 +295,22 @@ async def _streamed(stream: EngineStream) -> Response:
     return EventStream(stream.events(), stream.close)
 
 
+def _error_body_for(path: str) -> ErrorBody | None:
+    """Anthropic's error format on the Anthropic routes (the path's tail is `/v1/messages...`)."""
+    return anthropic_api.anthropic_error_body if "/v1/messages" in path else None
+
+
 def _model_card(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "alight"}
+    """A model as OpenAI's and Anthropic's clients both read it."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "alight",
+        "type": "model",
+        "display_name": name,
+        "created_at": "1970-01-01T00:00:00Z",
+    }
 
 
 async def _completion_events(call_id: str, generation: Generation, include_usage: bool) -> AsyncIterator[bytes]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -72,9 +71,11 @@ class ServerApp:
         lifespan: Callable[[], AbstractAsyncContextManager[None]] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         token: str | None = None,
+        error_body_for: Callable[[str], ErrorBody | None] | None = None,
     ) -> None:
         self.what = what
         self.error_body = error_body
+        self.error_body_for = error_body_for
         self.max_body_bytes = max_body_bytes
 
         @contextlib.asynccontextmanager
@@ -96,17 +97,27 @@ class ServerApp:
         # Authentication (alight.serving.auth): with a token, every route but /health needs it.
         self.token = token
         if token is not None:
-            refuse = functools.partial(self.error_body, 401, UnauthorizedError.code)
-            self.app.add_middleware(BearerAuth, token=token, refuse=lambda message: refuse(one_line(message)))
+
+            def refuse(path: str, message: str) -> bytes:
+                return self.error_body_at(path)(401, UnauthorizedError.code, one_line(message))
+
+            self.app.add_middleware(BearerAuth, token=token, refuse=refuse)
 
     @staticmethod
     def authenticated(request: Request) -> bool:
         """True when the request's bearer token was checked (the server has a token)."""
         return bool(request.scope.get(AUTHENTICATED))
 
-    def error(self, status: int, code: str | None, message: str) -> Response:
-        """An error answer in the server's format (the message on one line)."""
-        return Response(self.error_body(status, code, one_line(message)), status_code=status, media_type=JSON)
+    def error_body_at(self, path: str) -> ErrorBody:
+        """The error format of `path`: `error_body_for`'s where it names one (the proxy's
+        Anthropic routes), else the server's."""
+        chosen = self.error_body_for(path) if self.error_body_for is not None else None
+        return chosen or self.error_body
+
+    def error(self, status: int, code: str | None, message: str, path: str = "") -> Response:
+        """An error answer in the format of `path` (the message on one line)."""
+        body = self.error_body_at(path)(status, code, one_line(message))
+        return Response(body, status_code=status, media_type=JSON)
 
     def guard(self, handler: Handler) -> Endpoint:
         """`handler` as an endpoint that answers JSON bytes as JSON and every failure as an error."""
@@ -117,14 +128,15 @@ class ServerApp:
             except AnsweredError as err:
                 return Response(err.body(), status_code=err.status, media_type=JSON)
             except AlightError as err:
-                return self.error(err.http_status, err.code, str(err))
+                return self.error(err.http_status, err.code, str(err), request.url.path)
             except ValidationError as err:
-                return self.error(422, InvalidRequestError.code, validation_message(err))
+                return self.error(422, InvalidRequestError.code, validation_message(err), request.url.path)
             except ClientDisconnect:
-                return self.error(400, InvalidRequestError.code, "client disconnected before the answer")
+                message = "client disconnected before the answer"
+                return self.error(400, InvalidRequestError.code, message, request.url.path)
             except Exception as err:
                 logger.exception("%s: %s %s failed", self.what, request.method, request.url.path)
-                return self.error(500, None, f"internal error: {one_line(err)}")
+                return self.error(500, None, f"internal error: {one_line(err)}", request.url.path)
             return answer if isinstance(answer, Response) else Response(answer, media_type=JSON)
 
         return endpoint
@@ -157,7 +169,8 @@ class ServerApp:
         # Unknown paths and methods answer in the same format as everything else.
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         code = "not_found" if status == 404 else None
-        return self.error(status, code, f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}")
+        message = f"{request.method} {request.url.path}: {getattr(exc, 'detail', exc)}"
+        return self.error(status, code, message, request.url.path)
 
 
 async def unless_disconnected(request: Request, work: Awaitable[_T]) -> _T:

@@ -3,9 +3,10 @@
 The store server, the LLM proxy and `alight serve` bind 127.0.0.1 by default. Binding any other
 address needs a token (`--token` or the `ALIGHT_TOKEN` variable), or `--insecure` (a warning).
 With a token, every route but `GET /health` asks for `Authorization: Bearer <token>` (what the
-OpenAI client sends for its `api_key`), compared in constant time; anything else is answered 401
-before the route runs. Runners name themselves in `X-Alight-Runner`; the store refuses (403) their
-writes into attempts claimed by another runner.
+OpenAI client sends for its `api_key`) or `x-api-key: <token>` (what Anthropic clients send),
+compared in constant time; anything else is answered 401 before the route runs. Runners name
+themselves in `X-Alight-Runner`; the store refuses (403) their writes into attempts claimed by
+another runner.
 """
 
 from __future__ import annotations
@@ -81,10 +82,11 @@ def bearer_header(token: str | None) -> dict[str, str]:
 
 
 class BearerAuth:
-    """ASGI middleware: HTTP requests outside `OPEN_PATHS` need the bearer token, else `refuse`
-    answers (status 401, a one-line message) and the app never sees the request."""
+    """ASGI middleware: HTTP requests outside `OPEN_PATHS` need the bearer token (or the same token
+    as `x-api-key`), else `refuse(path, message)` answers (status 401) and the app never sees the
+    request."""
 
-    def __init__(self, app: ASGIApp, token: str, refuse: Callable[[str], bytes]) -> None:
+    def __init__(self, app: ASGIApp, token: str, refuse: Callable[[str, str], bytes]) -> None:
         self.app = app
         self.token = token
         self.refuse = refuse
@@ -93,22 +95,24 @@ class BearerAuth:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        authorization = None
+        authorization = api_key = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value.decode("latin-1")
-                break
-        if authorization is None:
-            await self._answer(send, "missing Authorization: Bearer token")
+            elif name == b"x-api-key":
+                api_key = value.decode("latin-1")
+        if authorization is None and api_key is None:
+            await self._answer(send, scope["path"], "missing Authorization: Bearer token (or x-api-key)")
             return
-        if not bearer_matches(authorization, self.token):
-            await self._answer(send, "wrong token")
+        given_key = api_key is not None and hmac.compare_digest(api_key.strip().encode(), self.token.encode())
+        if not (bearer_matches(authorization, self.token) or given_key):
+            await self._answer(send, scope["path"], "wrong token")
             return
         scope[AUTHENTICATED] = True
         await self.app(scope, receive, send)
 
-    async def _answer(self, send: Send, message: str) -> None:
-        body = self.refuse(message)
+    async def _answer(self, send: Send, path: str, message: str) -> None:
+        body = self.refuse(path, message)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),

@@ -34,6 +34,12 @@ def _instrument_openai() -> bool:
     return instrument_openai()
 
 
+def _instrument_anthropic() -> bool:
+    from alight.tracing.anthropic_sdk import instrument_anthropic
+
+    return instrument_anthropic()
+
+
 def _instrument_langchain() -> bool:
     from alight.tracing.langchain import instrument_langchain
 
@@ -68,6 +74,7 @@ def _instrument_http(library: str) -> Callable[[], bool]:
 #: (module whose import triggers it, label, instrumentation)
 _LIBRARIES: tuple[tuple[str, str, Callable[[], bool]], ...] = (
     ("openai", "openai", _instrument_openai),
+    ("anthropic", "anthropic", _instrument_anthropic),
     ("langchain_core", "langchain", _instrument_langchain),
     ("agents", "openai-agents", _instrument_agents),
     # autogen_core, not AgentChat: its span helper must be wrapped before AgentChat imports it by name
@@ -123,9 +130,9 @@ _hooks = _PostImportHooks()
 
 
 def instrument_all() -> list[str]:
-    """Instrument openai, LangChain, the OpenAI Agents SDK, AutoGen and the HTTP clients (httpx,
-    requests, aiohttp, urllib) where installed: at once when imported, else on their first import.
-    Returns what was instrumented now or will be."""
+    """Instrument openai, anthropic, LangChain, the OpenAI Agents SDK, AutoGen and the HTTP clients
+    (httpx, requests, aiohttp, urllib) where installed: at once when imported, else on their first
+    import. Returns what was instrumented now or will be."""
     done: list[str] = []
     with _lock:
         for module, label, hook in _LIBRARIES:
