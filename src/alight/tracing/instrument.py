@@ -55,6 +55,12 @@ def _instrument_autogen() -> bool:
     return instrument_autogen()
 
 
+def _instrument_crewai() -> bool:
+    from alight.tracing.crewai import instrument_crewai
+
+    return instrument_crewai()
+
+
 #: (module whose import triggers it, label, instrumentation)
 _LIBRARIES: tuple[tuple[str, str, Callable[[], bool]], ...] = (
     ("openai", "openai", _instrument_openai),
@@ -62,6 +68,7 @@ _LIBRARIES: tuple[tuple[str, str, Callable[[], bool]], ...] = (
     ("agents", "openai-agents", _instrument_agents),
     # autogen_core, not AgentChat: its span helper must be wrapped before AgentChat imports it by name
     ("autogen_core", "autogen", _instrument_autogen),
+    ("crewai", "crewai", _instrument_crewai),
 )
 
 
@@ -108,7 +115,7 @@ _hooks = _PostImportHooks()
 
 
 def instrument_all() -> list[str]:
-    """Instrument openai, LangChain, the OpenAI Agents SDK and AutoGen where installed: at once when
+    """Instrument openai, LangChain, the OpenAI Agents SDK, AutoGen and CrewAI where installed: at once when
     imported, else on their first import. Returns what was instrumented now or will be."""
     done: list[str] = []
     with _lock:
