@@ -139,7 +139,7 @@ def after_tool_call(context: ToolCallHookContext) -> None:
         )
     )
     if error:
-        span.end(SpanStatus.ERROR, one_line(output))
+        span.end(SpanStatus.ERROR, one_line(str(output)))
     else:
         span.end()
     return None
