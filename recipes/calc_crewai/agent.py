@@ -22,8 +22,11 @@ from typing import Any
 os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
 
-from crewai import LLM, Agent, Crew, Task
-from crewai.tools import BaseTool
+try:
+    from crewai import LLM, Agent, Crew, Task
+    from crewai.tools import BaseTool
+except ModuleNotFoundError as missing:  # say which install it needs (CrewAI has its own environment)
+    raise ModuleNotFoundError(f'{missing}: this recipe needs CrewAI: pip install "alight[crewai]"') from None
 from pydantic import BaseModel, Field
 
 import alight
