@@ -44,6 +44,12 @@ question_numbers = resolve_entrypoint(f"{CALC / 'agent.py'}:question_numbers")
 SUBMIT = resolve_entrypoint(f"{CALC / 'agent.py'}:SUBMIT")
 
 
+@pytest.fixture(autouse=True)
+def crewai_data_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CrewAI keeps each kickoff's task outputs under the user's data folder: a temporary one here."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
+
+
 def question_of(request: dict[str, Any]) -> str:
     return str(request["messages"][1]["content"])  # CrewAI's task prompt, after its system prompt
 

@@ -5,6 +5,7 @@ CrewAI has its own extra and environment (`pytest -m crewai` there); without it 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,12 @@ from tests.tracing.test_instrumented_agents import check_tool_span, outline, run
 pytest.importorskip("crewai", reason='CrewAI is not installed (pip install "alight[crewai]")')
 pytestmark = pytest.mark.crewai
 ROLE = "Adder"
+
+
+@pytest.fixture(autouse=True)
+def crewai_data_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CrewAI keeps each kickoff's task outputs under the user's data folder: a temporary one here."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
 
 
 @pytest.fixture(scope="module")
