@@ -4,6 +4,9 @@ CrewAI has its own extra and environment (`pytest -m crewai` there); without it 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -122,3 +125,26 @@ async def test_a_standalone_agent_with_a_failing_tool(tracer: Tracer, store: Sto
     assert tool.attributes[semconv.TOOL_CALL_ID] == sample_agents.ADD_CALL_ID
     assert "adder broken" in str(tool.attributes[semconv.TOOL_OUTPUT]) and "adder broken" in str(tool.status_message)
     assert "adder broken" in server.requests[1].body["messages"][-1]["content"]  # what the model read
+
+
+LAZY = """
+import os, sys
+from alight.tracing import make_tracer
+
+make_tracer("light").instrument()  # as a runner does, before the agent's module imports crewai
+print("crewai" in sys.modules)
+from crewai import Agent
+from crewai.hooks import get_after_tool_call_hooks, get_before_tool_call_hooks
+from alight.tracing import crewai as traced
+
+print(hasattr(Agent.execute_task, "__wrapped__"), hasattr(Agent.aexecute_task, "__wrapped__"),
+      traced.before_tool_call in get_before_tool_call_hooks(), traced.after_tool_call in get_after_tool_call_hooks(),
+      os.environ.get("CREWAI_DISABLE_TELEMETRY"), os.environ.get("CREWAI_TRACING_ENABLED"))
+"""
+
+
+def test_crewai_is_hooked_on_its_first_import_and_its_telemetry_is_off() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWAI_")}
+    done = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["False", "True True True True true false"]
