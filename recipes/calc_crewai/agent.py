@@ -13,6 +13,7 @@ Data: calc's generator (`recipes/calc/data.py`); warm start: `recipes/calc_crewa
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,9 @@ calculate_expression = _calc("calculate")
 final_answer = _calc("final_answer")
 question_numbers = _calc("question_numbers")
 score = _calc("score")
+
+# CrewAI warns on every call that it only estimates token counts for a model it does not know: quiet.
+logging.getLogger("crewai.llms.base_llm").setLevel(logging.ERROR)
 
 AGENT_NAME = "calculator"  # the Agent's role: the agent name on its spans (adapter.agent_match)
 GOAL = "answer"
