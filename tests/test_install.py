@@ -111,3 +111,23 @@ def test_a_missing_or_different_pin_is_reported() -> None:
     pins = read_pins("torch==2.13.0\nrich==13.7.1\nTyping_Extensions==4.12.0\n")
     installed = {"torch": "2.13.0+cpu", "rich": "13.7.0", "typing-extensions": "4.12.0", "httpx": "0.28.1", "pip": "24"}
     assert unpinned(installed, pins) == ["httpx 0.28.1 is not pinned", "rich 13.7.0 is pinned at 13.7.1"]
+
+
+# CrewAI has its own CI environment (README's test command, second venv): CrewAI pins pydantic<2.13 and
+# mcp<2, and with mcp<2 the main path's LiteLLM fails every request with tools. constraints/crewai.txt pins it.
+CREWAI_CONSTRAINTS = CONSTRAINTS.with_name("crewai.txt")
+
+
+def test_the_crewai_constraints_pin_the_cpu_torch_and_a_litellm_that_works_with_crewai() -> None:
+    pins = read_pins(CREWAI_CONSTRAINTS.read_text())
+    assert pins["torch"] == "2.13.0" and "crewai" in pins and "pytest" in pins
+    assert Version(pins["litellm"]) < Version("1.106.1")  # 1.106.1+ imports mcp 2's types for any tool request
+    assert Version(pins["mcp"]) < Version("2")  # what CrewAI requires
+    assert not NOT_PINNED & pins.keys()
+
+
+@pytest.mark.crewai
+def test_the_crewai_environment_is_pinned_at_its_installed_versions() -> None:
+    pytest.importorskip("crewai", reason='CrewAI is not installed (its own venv: pip install "alight[crewai]")')
+    wrong = unpinned(pip_installed(), read_pins(CREWAI_CONSTRAINTS.read_text()))
+    assert not wrong, f"{CREWAI_CONSTRAINTS.name} does not match this environment: " + "; ".join(wrong)

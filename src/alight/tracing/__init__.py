@@ -2,8 +2,9 @@
 
 Two tracers make the same `Span` records: `LightTracer` (no dependency) and `OtelTracer`
 (OpenTelemetry SDK). `Tracer.instrument()` hooks openai, LangChain/LangGraph, the OpenAI
-Agents SDK and AutoGen AgentChat so agent code needs no alight call; `emit_reward`, `emit_tool` and `emit_exception`
-work anywhere inside a rollout. The store server also receives OTLP/HTTP (`alight.store.otlp`).
+Agents SDK, AutoGen AgentChat and CrewAI so agent code needs no alight call; `emit_reward`,
+`emit_tool` and `emit_exception` work anywhere inside a rollout. The store server also receives
+OTLP/HTTP (`alight.store.otlp`).
 """
 
 from __future__ import annotations

@@ -61,6 +61,12 @@ def _instrument_autogen() -> bool:
     return instrument_autogen()
 
 
+def _instrument_crewai() -> bool:
+    from alight.tracing.crewai import instrument_crewai
+
+    return instrument_crewai()
+
+
 def _instrument_http(library: str) -> Callable[[], bool]:
     def hook() -> bool:
         from alight.tracing import http_clients
@@ -79,7 +85,8 @@ _LIBRARIES: tuple[tuple[str, str, Callable[[], bool]], ...] = (
     ("agents", "openai-agents", _instrument_agents),
     # autogen_core, not AgentChat: its span helper must be wrapped before AgentChat imports it by name
     ("autogen_core", "autogen", _instrument_autogen),
-    # Raw HTTP clients (proxy headers on requests to alight's proxy); the SDKs above send through httpx.
+    ("crewai", "crewai", _instrument_crewai),
+    # Raw HTTP clients (proxy headers on requests to alight's proxy); openai and LiteLLM send through httpx.
     ("httpx", "httpx", _instrument_http("httpx")),
     ("requests", "requests", _instrument_http("requests")),
     ("aiohttp", "aiohttp", _instrument_http("aiohttp")),
@@ -130,9 +137,9 @@ _hooks = _PostImportHooks()
 
 
 def instrument_all() -> list[str]:
-    """Instrument openai, anthropic, LangChain, the OpenAI Agents SDK, AutoGen and the HTTP clients
-    (httpx, requests, aiohttp, urllib) where installed: at once when imported, else on their first
-    import. Returns what was instrumented now or will be."""
+    """Instrument openai, anthropic, LangChain, the OpenAI Agents SDK, AutoGen, CrewAI and the HTTP
+    clients (httpx, requests, aiohttp, urllib) where installed: at once when imported, else on their
+    first import. Returns what was instrumented now or will be."""
     done: list[str] = []
     with _lock:
         for module, label, hook in _LIBRARIES:
