@@ -40,6 +40,7 @@ LLM_RESPONSE_LOGPROBS = "llm.response_logprobs"  # list[float], one per response
 LLM_TOKEN_IDS_SOURCE = "llm.token_ids_source"  # "engine", "tokenizer" or "none" (text only)
 LLM_USAGE = "llm.usage"  # dict: prompt_tokens, completion_tokens, total_tokens
 LLM_LATENCY_S = "llm.latency_s"
+LLM_ADAPTER = "llm.adapter"  # the per-agent LoRA adapter that answered (absent: the base weights)
 
 # -- tool calls (kind=tool, name = the tool's name) --
 TOOL_NAME = "tool.name"

@@ -32,7 +32,10 @@ def backend_class(name: str) -> Any:
 
 def check_backend(cfg: ExperimentConfig) -> None:
     """ConfigError, in one line, for an algorithm or backend setting no update can run with."""
+    from alight.backends.per_agent_lora import check_per_agent
+
     check_algorithm(cfg.algorithm)
+    check_per_agent(cfg)
     backend_class(cfg.trainer.backend).check_config(cfg)
 
 
@@ -40,5 +43,10 @@ def make_backend(cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path | Non
     """The configured backend, holding the policy loaded from `model_dir`; `work_dir` (the run
     directory's `backend/`) holds what it writes between checkpoints (default: a temporary one)."""
     check_backend(cfg)
-    backend: Backend = backend_class(cfg.trainer.backend).from_config(cfg, model_dir, work_dir=work_dir)
+    cls = backend_class(cfg.trainer.backend)
+    if cfg.algorithm.lora.per_agent:  # check_backend allows it with the embedded backend only
+        from alight.backends.per_agent_lora import PerAgentLoraBackend
+
+        cls = PerAgentLoraBackend
+    backend: Backend = cls.from_config(cfg, model_dir, work_dir=work_dir)
     return backend

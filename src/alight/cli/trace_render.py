@@ -177,6 +177,8 @@ def _details(span: Span) -> str:
         calls = [c.get("function", {}).get("name", "?") for c in message.get("tool_calls") or [] if isinstance(c, dict)]
         model = _first(a, semconv.LLM_RESPONSE_MODEL, semconv.LLM_REQUEST_MODEL, semconv.GEN_AI_RESPONSE_MODEL)
         parts = [f"model {_clip(str(model), 40)}"] if model is not None else []
+        if a.get(semconv.LLM_ADAPTER) is not None:  # per-agent LoRA: the adapter that answered
+            parts.append(f"adapter {a[semconv.LLM_ADAPTER]}")
         parts += [
             _tokens(a),
             f"finish {a.get(semconv.LLM_FINISH_REASON, '?')}",

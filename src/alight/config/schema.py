@@ -120,6 +120,10 @@ class LoraConfig:
     alpha: int = 16  # scaling numerator (scale = alpha / r)
     dropout: float = 0.0
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    # One adapter per agent on the shared base (implies LoRA; embedded backend and engine only): each
+    # agent's calls are answered by its adapter and its transitions update only it.
+    per_agent: bool = False
+    agents: list[str] = field(default_factory=list)  # per_agent: the agents that get an adapter; others get the base
 
 
 @dataclass

@@ -39,6 +39,7 @@ class ChatRequest:
     response_format: dict[str, Any] | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     extra: dict[str, Any] = field(default_factory=dict)  # provider-specific fields passed through
+    agent: str | None = None  # the agent making the call (per-agent LoRA engines pick its adapter)
 
 
 @dataclass
@@ -49,6 +50,7 @@ class CompletionRequest:
     prompt: str | list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     extra: dict[str, Any] = field(default_factory=dict)
+    agent: str | None = None  # the agent making the call (per-agent LoRA engines pick its adapter)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Generation:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     weights_version: int | None = None  # version of the weights that produced it, where known
+    adapter: str | None = None  # the LoRA adapter that answered (per-agent LoRA); None: the base weights
 
 
 @dataclass

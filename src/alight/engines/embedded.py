@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from alight.chat_template import render_prompt
+from alight.engines.agent_adapters import AgentAdapters
 from alight.engines.base import (
     ChatRequest,
     CompletionRequest,
@@ -63,6 +64,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[tuple[SequenceOutput, int]]
     texts: asyncio.Queue[str | None] | None = None  # streaming: settled text after each token, None at the end
+    adapter: str | None = None  # per-agent LoRA: the adapter that answers (None: the base model)
 
 
 class EmbeddedEngine(Engine):
@@ -72,6 +74,8 @@ class EmbeddedEngine(Engine):
     Response token ids stop at and include the end-of-turn token (`<|im_end|>` or eos) when the
     model generated it; the text excludes it. Log-probs are log_softmax(logits / T) at each sampled
     token, T = temperature (T = 1 when temperature is 0), from the logits that sampled it.
+    With `adapters` (agent names), one LoRA adapter per agent answers that agent's calls (see
+    `alight.engines.agent_adapters`; `lora`: peft LoraConfig arguments of adapters not saved).
     """
 
     name = "embedded"
@@ -90,6 +94,8 @@ class EmbeddedEngine(Engine):
         served_name: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,  # where "tiny" is built
         torch_threads: int | None = None,  # CPU threads for torch (process-wide); None: torch's default
+        adapters: list[str] | None = None,  # per-agent LoRA: the agents that get an adapter
+        lora: dict[str, Any] | None = None,  # per-agent LoRA: peft LoraConfig arguments of new adapters
     ) -> None:
         if dtype not in DTYPES:
             raise ConfigError(f"embedded engine: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -100,6 +106,7 @@ class EmbeddedEngine(Engine):
         self._device, self._dtype, self._cache_dir = device, dtype, cache_dir
         self.max_batch_size, self.max_new_tokens, self.batch_wait_ms = max_batch_size, max_new_tokens, batch_wait_ms
         self._max_context_arg, self._seed, self._torch_threads = max_context, seed, torch_threads
+        self._adapters = AgentAdapters(list(adapters), lora, self._served_name) if adapters else None
         self._model: Any = None
         self._tokenizer: Any = None
         self._eos_ids: set[int] = set()
@@ -135,6 +142,8 @@ class EmbeddedEngine(Engine):
                     tokenizer = AutoTokenizer.from_pretrained(path)
                     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
                 model = model.to(self._device).eval()
+                if self._adapters is not None:
+                    model = self._adapters.attach(model, path)
             except (OSError, ValueError, RuntimeError) as err:
                 raise ConfigError(f"embedded engine: cannot load model {self._source!r}: {_first_line(err)}") from err
             eos: set[int] = set()
@@ -163,7 +172,8 @@ class EmbeddedEngine(Engine):
 
     @property
     def model_names(self) -> list[str]:
-        return list(dict.fromkeys([self._served_name, self._source]))
+        adapters = self._adapters.model_names if self._adapters is not None else []
+        return list(dict.fromkeys([self._served_name, self._source, *adapters]))
 
     @property
     def weights_version(self) -> int | None:
@@ -216,11 +226,16 @@ class EmbeddedEngine(Engine):
                 return
 
     def _run(self, jobs: list[_Job]) -> None:
-        jobs = [job for job in jobs if not job.sequence.cancelled]  # callers gone while queued
-        if not jobs:
-            return
+        groups: dict[str | None, list[_Job]] = {}
+        for job in jobs:
+            if not job.sequence.cancelled:  # callers gone while queued are dropped
+                groups.setdefault(job.adapter, []).append(job)
+        for adapter, group in groups.items():  # one adapter per forward pass
+            self._run_group(group, adapter)
+
+    def _run_group(self, jobs: list[_Job], adapter: str | None) -> None:
         try:
-            with self._model_lock:
+            with self._model_lock, self._using(adapter):
                 version = self._version
                 outputs = generate(
                     self._model,
@@ -236,6 +251,15 @@ class EmbeddedEngine(Engine):
             return
         for job, output in zip(jobs, outputs, strict=True):
             _deliver(job, (output, version), None)
+
+    def _using(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
+        """The context a batch of `adapter` generates in (no adapters: nothing to switch)."""
+        if self._adapters is None:
+            return contextlib.nullcontext()
+        return self._adapters.active(self._model, adapter)
+
+    def _adapter_for(self, request: ChatRequest | CompletionRequest) -> str | None:
+        return self._adapters.adapter_for(request.model, request.agent) if self._adapters is not None else None
 
     def _decode(self, ids: list[int]) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
@@ -284,10 +308,10 @@ class EmbeddedEngine(Engine):
         parse_tools = bool(tools) and request.tool_choice != "none"
         return self._sequence(prompt_ids, request.sampling), parse_tools
 
-    def _submit(self, sequence: Sequence, *, stream: bool) -> _Job:
+    def _submit(self, sequence: Sequence, *, stream: bool, adapter: str | None = None) -> _Job:
         self._ensure_worker()
         loop = asyncio.get_running_loop()
-        job = _Job(sequence, loop, loop.create_future())
+        job = _Job(sequence, loop, loop.create_future(), adapter=adapter)
         if stream:
             texts: asyncio.Queue[str | None] = asyncio.Queue()
             job.texts = texts
@@ -295,7 +319,9 @@ class EmbeddedEngine(Engine):
         self._queue.put(job)
         return job
 
-    def _generation(self, sequence: Sequence, output: SequenceOutput, version: int, parse_tools: bool) -> Generation:
+    def _generation(
+        self, sequence: Sequence, output: SequenceOutput, version: int, parse_tools: bool, adapter: str | None = None
+    ) -> Generation:
         message = assistant_message(output.text, parse_tools=parse_tools)
         finish = "tool_calls" if message.get("tool_calls") and output.finish_reason == "stop" else output.finish_reason
         return Generation(
@@ -310,12 +336,14 @@ class EmbeddedEngine(Engine):
             prompt_tokens=len(sequence.prompt_ids),
             completion_tokens=len(output.token_ids),
             weights_version=version,
+            adapter=adapter,
         )
 
     async def chat(self, request: ChatRequest) -> Generation:
         sequence, parse_tools = await self._prepare_chat(request)
-        output, version = await _answer(self._submit(sequence, stream=False))
-        return self._generation(sequence, output, version, parse_tools)
+        adapter = self._adapter_for(request)
+        output, version = await _answer(self._submit(sequence, stream=False, adapter=adapter))
+        return self._generation(sequence, output, version, parse_tools, adapter)
 
     async def chat_stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
         """Content deltas as tokens are generated, then the Generation (same ids as `chat`).
@@ -323,7 +351,8 @@ class EmbeddedEngine(Engine):
         Text that could still turn into tool-call markup or a stop string is held back; the
         deltas concatenate to exactly the final message's content."""
         sequence, parse_tools = await self._prepare_chat(request)
-        job = self._submit(sequence, stream=True)
+        adapter = self._adapter_for(request)
+        job = self._submit(sequence, stream=True, adapter=adapter)
         assert job.texts is not None
         shown = ToolCallStreamFilter() if parse_tools else PlainTextStream()
         try:
@@ -333,7 +362,7 @@ class EmbeddedEngine(Engine):
             output, version = await job.future
         finally:  # the reader stopped early (client gone): stop generating for it
             sequence.cancelled = not job.future.done()
-        generation = self._generation(sequence, output, version, parse_tools)
+        generation = self._generation(sequence, output, version, parse_tools, adapter)
         if delta := shown.feed(output.text, final=True):
             yield TextDelta(delta)
         yield generation
@@ -344,8 +373,9 @@ class EmbeddedEngine(Engine):
         self._check_model(request.model)
         prompt_ids = self._completion_prompt(request.prompt)
         sequence = self._sequence(prompt_ids, request.sampling)
-        output, version = await _answer(self._submit(sequence, stream=False))
-        return self._generation(sequence, output, version, parse_tools=False)
+        adapter = self._adapter_for(request)
+        output, version = await _answer(self._submit(sequence, stream=False, adapter=adapter))
+        return self._generation(sequence, output, version, False, adapter)
 
     def _completion_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -370,7 +400,10 @@ class EmbeddedEngine(Engine):
 
         def apply() -> None:
             with self._model_lock:
-                load_weights_into(self._model, weights)
+                if self._adapters is not None:  # the adapters' tensors (and a directory's base weights)
+                    self._adapters.load(self._model, weights)
+                else:
+                    load_weights_into(self._model, weights)
                 self._version = version
 
         await asyncio.to_thread(apply)

@@ -124,6 +124,8 @@ def llm_span(
             attributes[semconv.LLM_RESPONSE_TEXT] = generation.text
         attributes[semconv.LLM_FINISH_REASON] = generation.finish_reason
         attributes[semconv.LLM_RESPONSE_MODEL] = generation.model
+        if generation.adapter is not None:
+            attributes[semconv.LLM_ADAPTER] = generation.adapter
         attributes[semconv.LLM_PROMPT_TOKEN_IDS] = generation.prompt_token_ids
         attributes[semconv.LLM_RESPONSE_TOKEN_IDS] = generation.response_token_ids
         attributes[semconv.LLM_RESPONSE_LOGPROBS] = generation.response_logprobs

@@ -164,6 +164,7 @@ def create_app(
         context = CallContext.of(request.path_params, request.headers)
         body: ChatBody = await parsed(request, ChatBody, context)
         engine_request = body.to_request()
+        engine_request.agent = context.agent_name
         if body.stream:
             return await _streamed(ChatStream(proxy, context, engine_request, body))
         generation, message, version = await answer_chat(request, context, engine_request, "chat")
@@ -176,6 +177,7 @@ def create_app(
         context = CallContext.of(request.path_params, request.headers)
         body: ResponsesBody = await parsed(request, ResponsesBody, context)
         engine_request = body.to_request()
+        engine_request.agent = context.agent_name
         if body.stream:
             return await _streamed(ResponsesStream(proxy, context, engine_request, body))
         created_at = time.time()
@@ -196,6 +198,7 @@ def create_app(
                 if getattr(body, key) is None:
                     setattr(body, key, value)
             engine_request = body.to_request()
+            engine_request.agent = context.agent_name
             if body.stream:
                 return await _streamed(anthropic_api.MessagesStream(proxy, context, engine_request, body))
             generation, message, version = await answer_chat(request, context, engine_request, anthropic_api.API)
@@ -220,6 +223,7 @@ def create_app(
         context = CallContext.of(request.path_params, request.headers)
         body: CompletionBody = await parsed(request, CompletionBody, context)
         engine_request = body.to_request()
+        engine_request.agent = context.agent_name
         generation, version, started, latency = await generate(
             request, context, engine_request, lambda: proxy.engine.complete(engine_request)
         )

@@ -137,7 +137,11 @@ def serve_model(
         raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     options: dict[str, Any] = {"served_name": served_name}  # None values: the engine's defaults
     if engine == "embedded":
+        from alight.engines.agent_adapters import saved_adapters
+
         options.update(model=resolve_model(model), device=device)
+        # A per-agent LoRA checkpoint: the base as `served_name`, each adapter as `served_name/agent`
+        options["adapters"] = saved_adapters(options["model"]) if options["model"] != "tiny" else None
     elif engine == "vllm":
         options.update(model=resolve_model(model) if base_url is None else model, base_url=base_url)
     else:

@@ -102,6 +102,7 @@ class LocalStack:
         self.pool: Pool | None = None
 
     def start(self) -> LocalStack:
+        from alight.backends.per_agent_lora import engine_adapter_options
         from alight.engines.factory import make_engine
         from alight.proxy.proxy import Proxy
         from alight.proxy.server import ProxyServer
@@ -115,6 +116,7 @@ class LocalStack:
             check_advertise_url(self.cfg.proxy.advertise_url, "proxy.advertise_url")
         check_pool(dataclasses.replace(self.cfg.runner, n_runners=self.n_runners))  # before the engine loads
         kind, options = engine_options(self.cfg.engine)
+        options.update(engine_adapter_options(self.cfg))  # per-agent LoRA: the engine serves each agent's adapter
         engine = make_engine(kind, **options)  # bad engine options fail here, before anything starts
         try:
             if self.store_url is None:

@@ -1,0 +1,259 @@
+"""Per-agent LoRA (`algorithm.lora.per_agent: true`): one adapter per agent on a shared base model.
+
+Each agent named in `algorithm.lora.agents` gets its own peft adapter on the shared base and its
+own AdamW (and learning-rate schedule). An update splits the `TransitionBatch` by the rows'
+`agent_name` and updates each adapter from its own rows only, with the embedded backend's loss;
+an adapter with no rows in the batch is not touched at all (no forward, no optimizer step, no
+weight decay: bit for bit unchanged). Rows of agents without an adapter are skipped (their calls
+were answered by the base model, which stays frozen) and counted in `actor/rows_without_adapter`.
+
+Warm start trains every weight of the base model, before the adapters exist (they are added on
+the first update, checkpoint or weight export); the KL reference is that warm-started base with
+the adapters disabled. `engine_weights()` hands the engine every adapter's tensors, named as in
+the peft model (the engine builds the same adapters, see `alight.engines.agent_adapters`); a
+checkpoint holds the base as a servable model directory plus `adapters/{agent}/` (peft's format)
+and every adapter's optimizer state. Embedded backend and engine only: the verl/vLLM path (GPUs)
+is not built yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from alight.algorithms.batch import TransitionBatch
+from alight.backends.embedded import OPTIMIZER_FILE, EmbeddedBackend, _base_name
+from alight.config.schema import AlgorithmConfig, ExperimentConfig, LoraConfig
+from alight.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+ADAPTERS_DIR = "adapters"  # as alight.engines.agent_adapters.ADAPTERS_DIR (backends may not import engines)
+#: Metrics summed over agents (the others are averaged, weighted by each agent's rows).
+SUMMED = ("actor/optimizer_steps", "actor/update_tokens")
+
+
+def check_per_agent(cfg: ExperimentConfig) -> None:
+    """ConfigError, in one line, for per-agent LoRA settings that cannot run."""
+    lora = cfg.algorithm.lora
+    if not lora.per_agent:
+        if lora.agents:
+            raise ConfigError("algorithm.lora.agents is set but algorithm.lora.per_agent is false; set per_agent=true")
+        return
+    where = "the embedded backend and engine only; the verl/vLLM path (GPUs) is not built yet"
+    if cfg.trainer.backend != "embedded":
+        raise ConfigError(f"algorithm.lora.per_agent: not yet with trainer.backend={cfg.trainer.backend} ({where})")
+    if cfg.engine.kind != "embedded":
+        raise ConfigError(f"algorithm.lora.per_agent: not yet with engine.kind={cfg.engine.kind} ({where})")
+    names = list(lora.agents)
+    if not names:
+        raise ConfigError("algorithm.lora.per_agent needs algorithm.lora.agents: the agents that get an adapter")
+    bad = [n for n in names if not isinstance(n, str) or not n.replace("_", "").replace("-", "").isalnum()]
+    if bad or "default" in names:
+        name = bad[0] if bad else "default"
+        raise ConfigError(f"algorithm.lora.agents: {name!r} is not a usable adapter name (letters, digits, _ and -)")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"algorithm.lora.agents names an agent twice: {names}")
+    if lora.r < 1 or lora.alpha <= 0 or not 0 <= lora.dropout < 1 or not lora.target_modules:
+        raise ConfigError("algorithm.lora: r must be >= 1, alpha > 0, dropout in [0, 1), target_modules not empty")
+
+
+def peft_arguments(lora: LoraConfig) -> dict[str, Any]:
+    """peft `LoraConfig` keyword arguments of one adapter (the backend's and the engine's)."""
+    return {
+        "r": lora.r,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": list(lora.target_modules),
+        "task_type": "CAUSAL_LM",
+    }
+
+
+def engine_adapter_options(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Options of the embedded engine that serve the run's per-agent adapters ({} without them)."""
+    lora = cfg.algorithm.lora
+    if not lora.per_agent:
+        return {}
+    return {"adapters": list(lora.agents), "lora": peft_arguments(lora)}
+
+
+class PerAgentLoraBackend(EmbeddedBackend):
+    """The embedded backend with one LoRA adapter and one optimizer per agent (a `Backend`)."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        algorithm: AlgorithmConfig,
+        *,
+        device: str = "cpu",
+        temperature: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        # The parent loads the plain model (warm start trains all of it); no deep-copied reference:
+        # the reference is the base with the adapters disabled.
+        plain = dataclasses.replace(
+            algorithm,
+            kl_coef=0.0,
+            lora=dataclasses.replace(algorithm.lora, enabled=False, per_agent=False, agents=[]),
+        )
+        super().__init__(model_path, plain, device=device, temperature=temperature, seed=seed)
+        self.cfg = algorithm
+        self.agents = list(algorithm.lora.agents)
+        if not self.agents:
+            raise ConfigError("algorithm.lora.per_agent needs algorithm.lora.agents: the agents that get an adapter")
+        self.optimizers: dict[str, tuple[Any, Any]] = {}  # agent -> (AdamW, its LR scheduler)
+        self._warned: set[str] = set()
+
+    # -- the adapters -----------------------------------------------------------------------------
+    @property
+    def attached(self) -> bool:
+        return bool(self.optimizers)
+
+    def _attach(self) -> None:
+        """Add one adapter (and its optimizer) per agent to the model; idempotent."""
+        if self.attached:
+            return
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
+
+        arguments = peft_arguments(self.cfg.lora)
+        try:
+            model: Any = get_peft_model(self.model, PeftLoraConfig(**arguments), adapter_name=self.agents[0])
+            for name in self.agents[1:]:
+                model.add_adapter(name, PeftLoraConfig(**arguments))
+        except ValueError as err:
+            raise ConfigError(f"algorithm.lora: {str(err).splitlines()[0]}") from None
+        self.model = model.to(self.device)
+        self.model.train()
+        self.lora = True  # the parent's KL reference: this model with the adapters disabled
+        self.optimizer = None  # the full-weight optimizer the parent made is never used from here on
+        for name in self.agents:
+            self.model.set_adapter(name)  # only this adapter's parameters require grad
+            self.optimizers[name] = (self._optimizer(self.cfg.lr, self.cfg.warmup_steps), self.scheduler)
+
+    def adapter_tensors(self, agent: str) -> dict[str, torch.Tensor]:
+        """The tensors of one agent's adapter (peft names), detached CPU copies."""
+        self._attach()
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items() if _of(k, agent)}
+
+    # -- updates ----------------------------------------------------------------------------------
+    def warm_start(
+        self,
+        batches: Iterator[TransitionBatch],
+        *,
+        steps: int,
+        lr: float,
+        warmup_steps: int,
+        on_progress: Callable[[int, float], None] | None = None,
+    ) -> float:
+        """Full-weight supervised warm start of the shared base, before any adapter exists."""
+        if self.attached:
+            raise RuntimeError("per-agent LoRA: warm start must come before the first update")
+        return super().warm_start(batches, steps=steps, lr=lr, warmup_steps=warmup_steps, on_progress=on_progress)
+
+    def update(self, batch: TransitionBatch) -> dict[str, float]:
+        """Each agent's adapter updated from its own rows, with its own optimizer; metrics per
+        agent (`actor/{agent}/...`) and over all of them (`actor/...`)."""
+        self._attach()
+        rows: dict[str, list[int]] = {}
+        skipped = 0
+        for index, agent in enumerate(batch.meta["agent_name"]):
+            if agent in self.optimizers:
+                rows.setdefault(agent, []).append(index)
+            else:
+                skipped += 1
+                if agent not in self._warned:
+                    self._warned.add(agent)
+                    logger.warning("per-agent LoRA: agent %r has no adapter; its transitions are skipped", agent)
+        metrics: dict[str, float] = {"actor/rows_without_adapter": float(skipped)}
+        parts: dict[str, dict[str, float]] = {}
+        for agent in self.agents:  # the configured order: deterministic
+            if agent not in rows:
+                continue
+            self.model.set_adapter(agent)
+            self.optimizer, self.scheduler = self.optimizers[agent]
+            parts[agent] = super().update(batch.select(rows[agent]))
+            metrics[f"actor/{agent}/rows"] = float(len(rows[agent]))
+            for key, value in parts[agent].items():
+                metrics[f"actor/{agent}/{key.removeprefix('actor/')}"] = value
+        self.optimizer = None
+        total = sum(len(rows[a]) for a in parts)
+        keys = {key for part in parts.values() for key in part}
+        for key in sorted(keys):
+            values = [(len(rows[a]), part[key]) for a, part in parts.items() if key in part]
+            if key in SUMMED or key == "actor/sft_rows":
+                metrics[key] = sum(v for _, v in values)
+            else:
+                metrics[key] = sum(n * v for n, v in values) / max(sum(n for n, _ in values), 1)
+        metrics.setdefault("actor/optimizer_steps", 0.0)
+        metrics.setdefault("actor/update_tokens", 0.0)
+        metrics["actor/agents_updated"] = float(len(parts))
+        if not total:
+            logger.warning("per-agent LoRA: no transition of an agent with an adapter in this batch")
+        return metrics
+
+    # -- weights and checkpoints ------------------------------------------------------------------
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """Every adapter's tensors, under the peft model's names (the base never changes here)."""
+        self._attach()
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items() if "lora_" in k}
+
+    def save(self, directory: Path) -> None:
+        """The base as a servable model directory, `adapters/{agent}/`, every optimizer's state."""
+        import torch
+
+        from alight.models.progress import progress_bars_off
+
+        self._attach()
+        directory.mkdir(parents=True, exist_ok=True)
+        base = {_base_name(k): v.detach().to("cpu") for k, v in self.model.state_dict().items() if "lora_" not in k}
+        with progress_bars_off():
+            self.model.get_base_model().save_pretrained(directory, state_dict=base)
+            self.model.save_pretrained(directory / ADAPTERS_DIR, selected_adapters=self.agents)
+        state = {
+            "optimizers": {name: opt.state_dict() for name, (opt, _) in self.optimizers.items()},
+            "schedulers": {name: sched.state_dict() for name, (_, sched) in self.optimizers.items()},
+            "generator": self.generator.get_state(),
+        }
+        torch.save(state, directory / OPTIMIZER_FILE)
+
+    def load(self, directory: Path) -> None:
+        """Restore what `save` wrote: base weights, every adapter, optimizer and schedule, RNG."""
+        import torch
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        self._attach()
+        own = {_base_name(k): k for k in self.model.state_dict() if "lora_" not in k}
+        weights: dict[str, Any] = {}
+        for path in sorted(directory.glob("*.safetensors")):
+            weights.update(load_file(str(path)))
+        unknown = sorted(set(weights) - set(own))
+        missing = sorted(k for k in set(own) - set(weights) if "lm_head" not in k)  # a tied lm_head is not saved
+        if unknown or missing:
+            raise ConfigError(
+                f"checkpoint {directory} does not match the model: missing {missing[:3]}, unexpected {unknown[:3]}"
+            )
+        self.model.load_state_dict({own[k]: v for k, v in weights.items()}, strict=False)
+        for name in self.agents:
+            path = directory / ADAPTERS_DIR / name / "adapter_model.safetensors"
+            if not path.is_file():
+                raise ConfigError(f"checkpoint {directory} has no adapter for agent {name!r}")
+            set_peft_model_state_dict(self.model, load_file(str(path)), adapter_name=name)
+        state = torch.load(directory / OPTIMIZER_FILE, map_location=self.device, weights_only=False)
+        for name, (optimizer, scheduler) in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+            scheduler.load_state_dict(state["schedulers"][name])
+        self.generator.set_state(state["generator"].cpu())
+
+
+def _of(key: str, agent: str) -> bool:
+    """Whether a peft state-dict key is a tensor of `agent`'s adapter (`...lora_A.{agent}.weight`)."""
+    parts = key.split(".")
+    return any(part.startswith("lora_") and parts[i + 1 : i + 2] == [agent] for i, part in enumerate(parts))
