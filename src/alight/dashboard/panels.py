@@ -58,6 +58,7 @@ def build_view(state: RunState, width: int, height: int) -> RenderableType:
     while (rows - 1) % 4 and (rows - 1) % 3:  # 5, 7, 9, 10, 13, ... rows: y labels on round values
         rows -= 1
     errors = [errors_panel(state, shown["errors"] - 2)] if "errors" in shown else []
+    errors = [*prompt_panel(state), *errors]  # an APO run's best prompt, above the errors
     if not wide:
         stacked = {
             "rollouts": rollouts_panel(state, width, None),
@@ -263,6 +264,21 @@ def actor_panel(state: RunState) -> Panel:
     grid.add_row("grad norm", fmt(latest.get("actor/grad_norm")), "clip frac", fmt(latest.get("actor/pg_clipfrac")))
     grid.add_row("entropy", fmt(latest.get("actor/entropy")), "lr", fmt(latest.get("actor/lr")))
     return Panel(grid, title="actor", title_align="left", height=5)
+
+
+def prompt_panel(state: RunState) -> list[Panel]:
+    """An APO run's best prompt so far (its first lines) and its score; nothing for other runs."""
+    prompt = state.latest.get("apo/best_prompt")
+    if not isinstance(prompt, str):
+        return []
+    lines = prompt.splitlines() or [""]
+    body = Text("\n".join(lines[:3]) + (" …" if len(lines) > 3 else ""), overflow="ellipsis")
+    if not prompt:
+        body = Text("(empty prompt)", style="dim")
+    title = (
+        f"best prompt · score {fmt(state.latest.get('apo/best_score'))} · round {state.latest.get('apo/best_round')}"
+    )
+    return [Panel(body, title=title, title_align="left", border_style="green")]
 
 
 def errors_panel(state: RunState, max_lines: int = 5) -> Panel:
