@@ -218,7 +218,7 @@ class PromptTemplate(_Model):
         if self.engine == "jinja":
             import jinja2
 
-            return jinja2.Template(self.template).render(**values)
+            return str(jinja2.Template(self.template).render(**values))
         return self.template.format(**values)
 
 

@@ -135,7 +135,8 @@ class ApoConfig:
     n_traces: int = 3  # lowest-reward traces the optimiser reads per critique
     trace_chars: int = 1500  # longest text of one trace in the critique request (longer ones are cut)
     max_prompt_chars: int = 2000  # longer candidates are refused (recorded as failed)
-    # The optimiser LLM: any engine kind (litellm reaches any provider or OpenAI-compatible endpoint)
+    # The optimiser LLM: any engine kind (litellm reaches any provider or OpenAI-compatible endpoint);
+    # with kind embedded, model "policy" loads the policy's own model (after the warm start)
     optimizer: EngineConfig = field(default_factory=EngineConfig)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import statistics
 import time
@@ -38,6 +39,8 @@ from alight.trainer.loop import RLLoop
 from alight.types import PromptTemplate
 
 logger = logging.getLogger(__name__)
+
+POLICY = "policy"  # algorithm.apo.optimizer.model: the policy's own (warm-started) model as the optimiser
 
 
 class ApoLoop(RLLoop):
@@ -168,18 +171,23 @@ class ApoLoop(RLLoop):
     async def _optimizer_chat(self) -> Any:
         from alight.engines.base import ChatRequest, SamplingParams
 
-        engine, spec = self.optimizer_engine, self.apo.optimizer
+        spec = self.apo.optimizer
+        if spec.model == POLICY:  # the model the policy engine serves (after the warm start), loaded again
+            await self.optimizer_engine.close()
+            self.optimizer_engine = _make_engine(dataclasses.replace(spec, model=self.served_model))
+        engine = self.optimizer_engine
         self.events.on_stage("loading the optimiser", 0, 1)
         await engine.start()
-        sampling = SamplingParams(
-            temperature=spec.sampling.temperature,
-            top_p=spec.sampling.top_p,
-            max_tokens=spec.sampling.max_tokens,
-            seed=self.cfg.trainer.seed,
-            logprobs=False,
-        )
+        calls = itertools.count()
 
         async def chat(messages: list[dict[str, str]]) -> str:
+            sampling = SamplingParams(
+                temperature=spec.sampling.temperature,
+                top_p=spec.sampling.top_p,
+                max_tokens=spec.sampling.max_tokens,
+                seed=self.cfg.trainer.seed * 1_000_003 + next(calls),  # seeded run, a fresh draw per call
+                logprobs=False,
+            )
             request = ChatRequest(model=engine.model_names[0], messages=messages, sampling=sampling)
             generation = await engine.chat(request)
             return str(generation.message.get("content") or "")

@@ -36,6 +36,10 @@ def check_apo(apo: ApoConfig) -> SearchSettings:
         raise ConfigError(
             f"algorithm.apo.optimizer.kind must be one of {', '.join(OPTIMIZER_KINDS)}, got {apo.optimizer.kind!r}"
         )
+    if apo.optimizer.model == "policy" and apo.optimizer.kind != "embedded":
+        raise ConfigError(
+            "algorithm.apo.optimizer.model 'policy' (the policy's own model) needs optimizer.kind embedded"
+        )
     return SearchSettings(
         rounds=apo.rounds,
         beam_width=apo.beam_width,
