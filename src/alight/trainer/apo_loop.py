@@ -264,6 +264,8 @@ class ApoLoop(RLLoop):
         }
         if report.train_score is not None:
             metrics["train/reward_mean"] = report.train_score
+        if report.round == 0:
+            metrics.update(self.warm_start_metrics)  # its loss and time, as RL's step 0 logs them
         self.round_started = now
         self.step = report.round
         self._log(metrics)

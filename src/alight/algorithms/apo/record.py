@@ -29,7 +29,7 @@ def _write(path: Path, text: str) -> None:
 def save_best(run_dir: Path, best: Candidate) -> Path:
     """Write the best prompt (text and JSON) under `run_dir/apo/`; returns the text file."""
     folder = Path(run_dir) / APO_DIR
-    _write(folder / BEST_JSON, json.dumps({**best.record(), "critique": None}, indent=2) + "\n")
+    _write(folder / BEST_JSON, json.dumps(best.record(), indent=2) + "\n")
     _write(folder / BEST_TEXT, best.prompt)
     return folder / BEST_TEXT
 
