@@ -62,8 +62,22 @@ _UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {ast.UAdd: operator.
 @alight.rollout
 def solve(task: dict[str, Any], llm: alight.LLM) -> float:
     """Answer `task["question"]`, running `calculate` as the model asks; reward 1.0 for `task["result"]`."""
+    return converse(task, llm, SYSTEM_PROMPT)
+
+
+@alight.rollout
+def solve_with_prompt(task: dict[str, Any], llm: alight.LLM, resources: dict[str, Any]) -> float:
+    """`solve` with the system prompt the run publishes as the `prompt` resource (a PromptTemplate
+    that APO rewrites; `{question}` in it is filled); no system message while it is empty."""
+    prompt = resources.get("prompt")
+    system = prompt.format(question=task["question"]) if prompt is not None else SYSTEM_PROMPT
+    return converse(task, llm, system)
+
+
+def converse(task: dict[str, Any], llm: alight.LLM, system_prompt: str) -> float:
+    """The conversation of `solve`, after `system_prompt` (none when empty)."""
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key)
-    messages: list[Any] = [{"role": "system", "content": SYSTEM_PROMPT}] if SYSTEM_PROMPT else []
+    messages: list[Any] = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": task["question"]})
     numbers = question_numbers(task["question"])
     last_result: str | None = None

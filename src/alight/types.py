@@ -213,6 +213,14 @@ class PromptTemplate(_Model):
     template: str
     engine: Literal["f-string", "jinja"] = "f-string"
 
+    def format(self, **values: Any) -> str:
+        """The prompt with its placeholders filled: `str.format` (f-string) or a Jinja template."""
+        if self.engine == "jinja":
+            import jinja2
+
+            return str(jinja2.Template(self.template).render(**values))
+        return self.template.format(**values)
+
 
 Resource = Annotated[LLMResource | PromptTemplate, Field(discriminator="type")]
 

@@ -146,3 +146,16 @@ def test_a_resumed_run_names_its_checkpoint_step() -> None:
     dashboard.on_stage("loading the model", 0, 1, {})
     text = "\n".join(frame(dashboard, 100))
     assert "grpo · tiny · resumed from step 4" in text and "loading the model" in text
+
+
+def test_an_apo_run_shows_its_best_prompt() -> None:
+    dashboard = TrainDashboard(Console(file=io.StringIO(), width=100))
+    dashboard.on_start({"run_name": "calc_apo-test", "total_steps": 3, "algorithm": "apo"})
+    for step, score in enumerate([0.25, 0.5]):
+        prompt = "Use the calculator.\nThen answer." if step else "Answer."
+        metrics = {"step": step, "val/reward_mean": score, "apo/best_score": score, "apo/best_round": step}
+        dashboard.on_step({**metrics, "apo/best_prompt": prompt})
+    lines = frame(dashboard, 100)
+    text = "\n".join(lines)
+    assert len(lines) <= 30 and "best prompt · score 0.500 · round 1" in text
+    assert "Use the calculator." in text and "Then answer." in text

@@ -148,6 +148,10 @@ def serve(
     ] = False,
     token: _Token = None,
     insecure: _Insecure = False,
+    system_prompt: Annotated[
+        str | None,
+        typer.Option(help="System message for chat requests that have none: an APO run directory or a text file."),
+    ] = None,
 ) -> None:
     """Serve a model or a training checkpoint on an OpenAI-compatible API (/v1/chat/completions...)."""
     from alight.trainer.serve import serve_model
@@ -169,6 +173,7 @@ def serve(
         on_ready=ready,
         token=token or None,
         insecure=insecure,
+        system_prompt=system_prompt,
     )
 
 
@@ -202,6 +207,10 @@ def dev(
         Path | None, typer.Option(help="Where the run's store is kept (default: OUTPUT_DIR/NAME-dev-TIME).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    prompt: Annotated[
+        str | None,
+        typer.Option(help="The prompt resource agents read: an APO run directory (its best prompt) or a text file."),
+    ] = None,
 ) -> None:
     """Dry-run the agent on a few tasks (no training), or evaluate a model: --split val --all --model RUN_DIR.
 
@@ -229,6 +238,7 @@ def dev(
             all_rows=all_rows,
             temperature=temperature,
             on_progress=progress,
+            prompt=prompt,
         )
     show.dev_run(console, run, as_json=as_json)
 

@@ -127,8 +127,28 @@ class LoraConfig:
 
 
 @dataclass
+class ApoConfig:
+    # algorithm.name=apo: automatic prompt optimisation (alight.algorithms.apo); no weight update.
+    prompt: str = ""  # the initial prompt: an f-string template agents read as resources[resource]
+    resource: str = "prompt"  # name of the PromptTemplate resource agents read
+    rounds: int = 3  # optimisation rounds after scoring the initial prompt
+    beam_width: int = 2  # best prompts kept after each round (ties keep the older prompt)
+    candidates: int = 2  # new prompts the optimiser writes per beam member per round
+    train_batch_size: int = 8  # train tasks each beam member runs per round; their worst traces feed the critique
+    val_size: int = 16  # validation tasks every candidate is scored on (greedy, trainer.val_temperature)
+    n_traces: int = 3  # lowest-reward traces the optimiser reads per critique
+    trace_chars: int = 1500  # longest text of one trace in the critique request (longer ones are cut)
+    max_prompt_chars: int = 2000  # longer candidates are refused (recorded as failed)
+    # The optimiser LLM: any engine kind (litellm reaches any provider or OpenAI-compatible endpoint);
+    # with kind embedded, model "policy" loads the policy's own model (after the warm start)
+    optimizer: EngineConfig = field(default_factory=EngineConfig)
+
+
+@dataclass
 class AlgorithmConfig:
-    name: str = "grpo"  # grpo | ppo (several clipped epochs over mini-batches) | sft (on the agent's best rollouts)
+    name: str = (
+        "grpo"  # grpo | ppo (several clipped epochs over mini-batches) | sft (on the agent's best rollouts) | apo
+    )
     advantage: str = "grpo"  # grpo | rloo | reinforce_pp (see alight.algorithms.advantages)
     norm_std: bool = True  # grpo: divide by the group's reward std; reinforce_pp: by the batch's
     eps: float = 1e-6  # added to the std before dividing
@@ -150,6 +170,7 @@ class AlgorithmConfig:
     temperature: float | None = None  # log-prob temperature; None: the engine's sampling temperature
     sft_min_reward: float = 1.0  # sft: train on transitions whose reward is at least this
     lora: LoraConfig = field(default_factory=LoraConfig)
+    apo: ApoConfig = field(default_factory=ApoConfig)  # algorithm.name=apo: prompt optimisation
 
 
 @dataclass

@@ -43,7 +43,9 @@ def build_view(state: RunState, width: int, height: int) -> RenderableType:
     """
     wide = width >= WIDE
     tail = [footer(state)] if state.summary is not None else []
+    prompt = prompt_panel(state)
     room = height - (4 + (1 if state.stage else 0)) - len(tail) - 4 - 5  # header, chart frame and axis, 5 rows
+    room -= sum(panel.height or 0 for panel in prompt)
     blocks: list[tuple[str, int]] = [("bottom", 5)] if wide else [("rollouts", max(1, len(_rollout_rows(state))) + 2)]
     blocks.append(("errors", len(state.errors) + 2 if state.errors else 0))
     if not wide:
@@ -58,6 +60,7 @@ def build_view(state: RunState, width: int, height: int) -> RenderableType:
     while (rows - 1) % 4 and (rows - 1) % 3:  # 5, 7, 9, 10, 13, ... rows: y labels on round values
         rows -= 1
     errors = [errors_panel(state, shown["errors"] - 2)] if "errors" in shown else []
+    errors = [*prompt, *errors]  # an APO run's best prompt, above the errors
     if not wide:
         stacked = {
             "rollouts": rollouts_panel(state, width, None),
@@ -263,6 +266,22 @@ def actor_panel(state: RunState) -> Panel:
     grid.add_row("grad norm", fmt(latest.get("actor/grad_norm")), "clip frac", fmt(latest.get("actor/pg_clipfrac")))
     grid.add_row("entropy", fmt(latest.get("actor/entropy")), "lr", fmt(latest.get("actor/lr")))
     return Panel(grid, title="actor", title_align="left", height=5)
+
+
+def prompt_panel(state: RunState) -> list[Panel]:
+    """An APO run's best prompt so far (its first lines) and its score; nothing for other runs."""
+    prompt = state.latest.get("apo/best_prompt")
+    if not isinstance(prompt, str):
+        return []
+    lines = prompt.splitlines()[:3] or [""]
+    more = " …" if len(prompt.splitlines()) > 3 else ""
+    body = Text("\n".join(lines) + more, no_wrap=True, overflow="ellipsis")
+    if not prompt:
+        body = Text("(empty prompt)", style="dim")
+    title = (
+        f"best prompt · score {fmt(state.latest.get('apo/best_score'))} · round {state.latest.get('apo/best_round')}"
+    )
+    return [Panel(body, title=title, title_align="left", border_style="green", height=len(lines) + 2)]
 
 
 def errors_panel(state: RunState, max_lines: int = 5) -> Panel:

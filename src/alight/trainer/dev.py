@@ -133,14 +133,16 @@ def run_dev(
     all_rows: bool = False,
     temperature: float | None = None,
     on_progress: Callable[[dict[str, int]], None] | None = None,
+    prompt: str | None = None,
 ) -> DevRun:
     """Run the agent on `n` tasks (default `dev.n`) of `split` (see `dev_rows`), or on every task
     of the split with `all_rows`, through store, proxy, engine and runner pool; the store stays in
     `run_dir` (default `{output_dir}/{name}-dev-{timestamp}`) for `alight trace`. `endpoint` /
     `model` swap the engine for an OpenAI-compatible endpoint or another model or checkpoint (see
     `with_endpoint`); `temperature` replaces the sampling temperature (0: greedy, for evaluation).
-    `on_progress` gets the counts of ended rollouts. Every input problem raises ConfigError before
-    a worker starts."""
+    `on_progress` gets the counts of ended rollouts. `prompt` (an APO run directory, a
+    best_prompt.json or a text file) is published as the `algorithm.apo.resource` PromptTemplate
+    agents read. Every input problem raises ConfigError before a worker starts."""
     from alight.models.progress import quiet_progress_bars
     from alight.trainer.run_dir import new_run_dir
     from alight.trainer.stack import LocalStack, check_endpoint, runner_agent
@@ -153,6 +155,12 @@ def run_dev(
     count = None if all_rows else (n or cfg.dev.n)
     threads = ThreadPolicy.from_config(cfg.trainer.torch_threads, cfg.trainer.torch_interop_threads, cfg.engine.device)
     runner_agent(cfg.agent)  # an entrypoint that does not import, a missing program: one line, here
+    extra: dict[str, Any] = {}
+    if prompt is not None:
+        from alight.algorithms.apo.record import load_prompt
+        from alight.types import PromptTemplate
+
+        extra[cfg.algorithm.apo.resource] = PromptTemplate(template=load_prompt(prompt))
     split_name, tasks = dev_rows(cfg, count, split)
     run_dir = run_dir or new_run_dir(cfg, "dev")
     if cfg.engine.kind == "litellm" and cfg.engine.base_url:
@@ -160,7 +168,7 @@ def run_dev(
     quiet_progress_bars()
     if cfg.engine.kind == "embedded":  # the engine runs in this process
         threads.apply()
-    with LocalStack(cfg, run_dir, n_runners=min(cfg.runner.n_runners, len(tasks))) as stack:
+    with LocalStack(cfg, run_dir, n_runners=min(cfg.runner.n_runners, len(tasks)), extra_resources=extra) as stack:
         assert stack.store_url is not None
         results = asyncio.run(_run(cfg, stack.store_url, tasks, on_progress))
     return DevRun(run_dir, results, time.monotonic() - started, split=split_name, model=cfg.engine.model)

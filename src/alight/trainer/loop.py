@@ -37,6 +37,8 @@ CONFIG_FILE = "config.yaml"
 class RLLoop:
     """One training run in `run_dir` (see the module docstring); `run()` does all of it."""
 
+    updates_weights = True  # False: a loop that never updates the policy (APO), so any engine serves it
+
     def __init__(
         self,
         cfg: ExperimentConfig,
@@ -47,7 +49,7 @@ class RLLoop:
         resume: bool = False,
         watchers: Sequence[Any] = (),
     ) -> None:
-        if cfg.engine.kind == "litellm":
+        if cfg.engine.kind == "litellm" and self.updates_weights:
             raise ConfigError("engine.kind litellm serves a model alight cannot update; train with embedded or vllm")
         self.cfg = cfg
         self.run_dir = run_dir

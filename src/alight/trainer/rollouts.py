@@ -52,8 +52,12 @@ class StepRollouts:
         group_size: int,
         *,
         sampling: Mapping[str, Any] | None = None,
+        resources_version: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> list[str]:
-        """`group_size` rollouts of each task (one GRPO group per task); returns their ids."""
+        """`group_size` rollouts of each task (one GRPO group per task); returns their ids. With
+        `resources_version` they run with that resource set (else the latest); `metadata` is added
+        to each rollout's."""
         runner = self.cfg.runner
         rollouts = [
             Rollout(
@@ -63,7 +67,8 @@ class StepRollouts:
                 max_attempts=runner.max_attempts,
                 timeout_s=runner.timeout_s,
                 heartbeat_timeout_s=runner.heartbeat_timeout_s,
-                metadata={"step": step, "split": split, "row": row},
+                resources_version=resources_version,
+                metadata={**(metadata or {}), "step": step, "split": split, "row": row},
             )
             for i, (task, row) in enumerate(zip(tasks, rows, strict=True))
             for _ in range(group_size)

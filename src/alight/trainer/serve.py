@@ -124,10 +124,13 @@ def serve_model(
     on_ready: Callable[[str], None] | None = None,
     token: str | None = None,
     insecure: bool = False,
+    system_prompt: str | None = None,
 ) -> None:
     """Serve `model` with `engine` until Ctrl-C; with `store_url`, record spans of calls that
     carry rollout/attempt ids into that store server. `base_url` is the upstream of the litellm
     engine (or a running vLLM server); `api_key_env` names the variable holding the upstream's key.
+    `system_prompt` (an APO run directory, a best_prompt.json or a text file) becomes the system
+    message of chat requests that bring none.
     Raises ConfigError for bad arguments (a missing model, an unknown engine, a taken port, a bind
     beyond loopback with neither `token` nor `insecure`). With `token`, clients send it as their
     `api_key`, and it is sent to the store server too."""
@@ -146,6 +149,11 @@ def serve_model(
         options.update(model=resolve_model(model) if base_url is None else model, base_url=base_url)
     else:
         options.update(model=model, base_url=base_url, api_key_env=api_key_env)
+    prompt = None
+    if system_prompt is not None:
+        from alight.algorithms.apo.record import load_prompt
+
+        prompt = load_prompt(system_prompt)
     from alight.engines.factory import make_engine
     from alight.proxy.proxy import Proxy
     from alight.proxy.server import ProxyServer
@@ -155,6 +163,11 @@ def serve_model(
         from alight.store.client import StoreClient
 
         store = StoreClient(store_url, token=token)
-    proxy = Proxy(make_engine(engine, **options), store)
+    served = make_engine(engine, **options)
+    if prompt:
+        from alight.engines.system_prompt import SystemPromptEngine
+
+        served = SystemPromptEngine(served, prompt)
+    proxy = Proxy(served, store)
     server = ProxyServer(proxy, host=host, port=port, admin=admin, token=token, insecure=insecure)
     server.serve_until_interrupted(on_ready)

@@ -87,9 +87,16 @@ class LocalStack:
     """Store server, proxy + engine and runner pool for one run; `with LocalStack(...) as stack:`."""
 
     def __init__(
-        self, cfg: ExperimentConfig, run_dir: Path, *, n_runners: int | None = None, weights_version: int | None = None
+        self,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        *,
+        n_runners: int | None = None,
+        weights_version: int | None = None,
+        extra_resources: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.extra_resources = dict(extra_resources or {})  # published beside `llm` (e.g. a PromptTemplate)
         self.weights_version = weights_version  # recorded on spans until the first update (a resumed run's step)
         self.run_dir = run_dir
         self.n_runners = cfg.runner.n_runners if n_runners is None else n_runners  # 0: runners run elsewhere
@@ -188,15 +195,16 @@ class LocalStack:
         return {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_tokens": sampling.max_tokens}
 
     def resources(self) -> dict[str, Any]:
-        """The resource set runners use: the policy behind the proxy as `llm`."""
+        """The resource set runners use: the policy behind the proxy as `llm`, and `extra_resources`."""
         from alight.types import LLMResource
 
         return {
+            **self.extra_resources,
             "llm": LLMResource(
                 endpoint=self.proxy_server.url,
                 model=self.cfg.engine.served_name,
                 sampling_parameters=self.sampling_parameters(),
-            )
+            ),
         }
 
     async def _publish(self) -> None:

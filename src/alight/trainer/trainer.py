@@ -87,7 +87,13 @@ class Trainer:
 
         cfg = self._config_for(agent)
         _check_trainer(cfg)
-        check_backend(cfg)
+        apo = cfg.algorithm.name == "apo"
+        if apo:  # prompt optimisation: no policy update (a warm start checks its backend when it runs)
+            from alight.algorithms.apo.checks import check_apo
+
+            check_apo(cfg.algorithm.apo)
+        else:
+            check_backend(cfg)
         check_pool(cfg.runner)
         runner_agent(cfg.agent)  # an entrypoint that does not import, a missing program: one line, here
         train_rows = self._rows(train_data, cfg.data.train, cfg.data.train_size, "train")
@@ -96,6 +102,13 @@ class Trainer:
         val_rows = self._rows(val_data, cfg.data.val, cfg.data.val_size, "val")
         if val_rows is not None and cfg.trainer.val_size is not None:
             val_rows = val_rows[: cfg.trainer.val_size]
+        if apo:
+            from alight.trainer.apo_loop import ApoLoop
+
+            loop: RLLoop = ApoLoop(
+                cfg, self._run_dir(cfg), train_rows, val_rows, resume=self.resume, watchers=self.watchers
+            )
+            return loop.run()
         run_dir = self._run_dir(cfg)
         return RLLoop(cfg, run_dir, train_rows, val_rows, resume=self.resume, watchers=self.watchers).run()
 
@@ -168,5 +181,5 @@ def _check_trainer(cfg: ExperimentConfig) -> None:
     for name in ("n_gpus_per_node", "nnodes"):
         if getattr(t, name) < 1:
             raise ConfigError(f"trainer.{name} is out of range: {getattr(t, name)!r}")
-    if cfg.algorithm.name != "sft" and t.group_size < 2 and cfg.algorithm.advantage in ("grpo", "rloo"):
+    if cfg.algorithm.name not in ("sft", "apo") and t.group_size < 2 and cfg.algorithm.advantage in ("grpo", "rloo"):
         raise ConfigError(f"trainer.group_size must be at least 2 for {cfg.algorithm.advantage} advantages")
