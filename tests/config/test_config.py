@@ -99,7 +99,7 @@ LR = "did you mean 'algorithm.lr'?"
             "",
             ["algorithm.lora.rnk=3"],
             "override 'algorithm.lora.rnk=3': unknown key 'algorithm.lora.rnk';"
-            " algorithm.lora's keys are: enabled, r, alpha, dropout, target_modules",
+            " algorithm.lora's keys are: enabled, r, alpha, dropout, target_modules, per_agent, agents",
         ),
         ("algorithm:\n  lrr: 1.0e-5\n", [], "unknown key 'algorithm.lrr'; " + LR),
         ("algoritm:\n  lr: 1.0e-5\n", [], "unknown key 'algoritm'; did you mean 'algorithm'?"),
