@@ -312,12 +312,44 @@ def trace(
         Path | None,
         typer.Option(help="With --transitions: the experiment YAML whose adapter and algorithm settings to use."),
     ] = None,
+    export_sft: Annotated[
+        Path | None,
+        typer.Option(
+            "--export-sft",
+            help="Write the rollouts' selected LLM calls as chat rows {messages, tools}: OUT.jsonl, or any other"
+            " path a Hugging Face dataset directory. Settings: --config, else the run's config.yaml.",
+        ),
+    ] = None,
+    min_reward: Annotated[
+        float | None, typer.Option(help="With --export-sft: the reward bar (default: algorithm.sft_min_reward).")
+    ] = None,
+    select: Annotated[
+        str | None, typer.Option(help="With --export-sft: threshold or best_of_group (default: algorithm.sft.select).")
+    ] = None,
+    agent_match: Annotated[
+        str | None, typer.Option(help="With --export-sft: regex of the agents kept (default: adapter.agent_match).")
+    ] = None,
+    split: Annotated[
+        list[str] | None,
+        typer.Option(help="With --export-sft: rollouts of this split: train, val, dev; repeatable (default: train)."),
+    ] = None,
 ) -> None:
     """Show a run's rollouts, one rollout's spans or the transitions it yields; export spans as OTLP/JSON.
 
     A rollout's tree shows its attempts and their spans: agents, LLM calls, tool calls, rewards.
     With --transitions, the adapter and algorithm settings are the experiment's: --config (the
-    defaults without it) and Hydra overrides, as for alight train."""
+    defaults without it) and Hydra overrides, as for alight train. --export-sft writes the
+    transitions fine-tuning would select (algorithm.sft) as chat rows, to train on anywhere."""
+    if export_sft is not None:
+        from alight.cli.trace_render import sft_export
+        from alight.trainer import sft_source
+
+        settings = sft_source.export_settings(
+            target, config=config, overrides=overrides or [], min_reward=min_reward, select=select,
+            agent_match=agent_match, splits=split or [],
+        )  # fmt: skip
+        sft_export(sft_source.export_sft(target, export_sft, *settings), as_json=as_json)
+        return
     if transitions and rollout is None:
         raise ConfigError("--transitions needs --rollout ID (the rollout whose transitions to show)")
     if not transitions and (config is not None or overrides):

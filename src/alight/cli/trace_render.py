@@ -304,3 +304,15 @@ def transitions(console: Console, data: dict[str, Any], *, as_json: bool) -> Non
 
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
+
+
+def sft_export(done: dict[str, Any], *, as_json: bool) -> None:
+    """What `--export-sft` wrote: rows, where, and the selection's counts."""
+    if as_json:
+        print(json.dumps(done))
+        return
+    print(
+        f"wrote {done['rows']} chat rows to {printable(done['out'])} ({done['format']}): {done['selected']} "
+        f"transitions selected ({done['select']}, reward >= {done['min_reward']:g}) of {done['transitions']} from "
+        f"{done['eligible']} succeeded {'/'.join(done['splits'])} rollouts; {done['duplicates']} duplicates dropped"
+    )

@@ -31,6 +31,9 @@ class DataConfig:
     generator_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments of generators
     input_field: str | None = None  # column handed to the agent as `task`; None: the whole row
     seed: int = 0  # seed handed to generators and used to shuffle
+    # algorithm.name=sft: fine-tune from another run's store (a run directory, a store .db file or an
+    # `alight store` URL, token from ALIGHT_TOKEN), read only; data.train is then not used
+    from_store: str | None = None
 
 
 @dataclass
@@ -145,6 +148,18 @@ class ApoConfig:
 
 
 @dataclass
+class SftConfig:
+    # Fine-tuning from a stored run (data.from_store), and `alight trace --export-sft`; the reward
+    # bar is algorithm.sft_min_reward (also what on-policy sft trains on)
+    # threshold: every transition rewarded at least sft_min_reward | best_of_group: each group's best
+    # rollout if rewarded at least that (rejection-sampling fine-tuning)
+    select: str = "threshold"
+    splits: list[str] = field(default_factory=lambda: ["train"])  # source rollouts to learn from: train | val | dev
+    dedupe: bool = True  # the same prompt and response token ids are kept once
+    batch_size: int = 16  # transitions per optimizer step (lr, warm-up: algorithm.lr, warmup_steps)
+
+
+@dataclass
 class AlgorithmConfig:
     name: str = (
         "grpo"  # grpo | ppo (several clipped epochs over mini-batches) | sft (on the agent's best rollouts) | apo
@@ -168,9 +183,10 @@ class AlgorithmConfig:
     epochs: int = 1  # passes over each batch; ppo defaults to several (see `ppo_epochs`)
     ppo_epochs: int = 4  # ppo: passes over each batch
     temperature: float | None = None  # log-prob temperature; None: the engine's sampling temperature
-    sft_min_reward: float = 1.0  # sft: train on transitions whose reward is at least this
+    sft_min_reward: float = 1.0  # sft: train on transitions whose reward is at least this (also data.from_store's bar)
     lora: LoraConfig = field(default_factory=LoraConfig)
     apo: ApoConfig = field(default_factory=ApoConfig)  # algorithm.name=apo: prompt optimisation
+    sft: SftConfig = field(default_factory=SftConfig)  # sft with data.from_store: what to select, how to batch
 
 
 @dataclass

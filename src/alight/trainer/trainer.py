@@ -96,7 +96,13 @@ class Trainer:
             check_backend(cfg)
         check_pool(cfg.runner)
         runner_agent(cfg.agent)  # an entrypoint that does not import, a missing program: one line, here
+        if cfg.data.from_store is not None:  # fine-tuning from another run's store: no train rows
+            if cfg.algorithm.name != "sft":
+                raise ConfigError(f"data.from_store is read by algorithm.name=sft only, not {cfg.algorithm.name!r}")
+            return self._fit_from_store(cfg, val_data)
         train_rows = self._rows(train_data, cfg.data.train, cfg.data.train_size, "train")
+        if train_rows is None and cfg.algorithm.name == "sft":
+            raise ConfigError("algorithm.name=sft needs data.from_store=RUN_DIR (the run to learn from) or data.train")
         if train_rows is None:
             raise ConfigError("the config names no training data (data.train)")
         val_rows = self._rows(val_data, cfg.data.val, cfg.data.val_size, "val")
@@ -111,6 +117,19 @@ class Trainer:
             return loop.run()
         run_dir = self._run_dir(cfg)
         return RLLoop(cfg, run_dir, train_rows, val_rows, resume=self.resume, watchers=self.watchers).run()
+
+    def _fit_from_store(self, cfg: ExperimentConfig, val_data: Rows | str | None) -> FitResult:
+        from alight.algorithms.sft import check_selection
+        from alight.trainer.sft_loop import SFTLoop
+        from alight.trainer.sft_source import check_source
+
+        check_selection(cfg.algorithm.sft.select, cfg.algorithm.sft.splits)
+        check_source(cfg.data.from_store)
+        val_rows = self._rows(val_data, cfg.data.val, cfg.data.val_size, "val")
+        if val_rows is not None and cfg.trainer.val_size is not None:
+            val_rows = val_rows[: cfg.trainer.val_size]
+        run_dir = self._run_dir(cfg)
+        return SFTLoop(cfg, run_dir, val_rows, resume=self.resume, watchers=self.watchers).run()
 
     def dev(self, agent: Any = None, data: Rows | str | None = None, n: int | None = None) -> list[Any]:
         """Run the agent on `n` tasks through the full stack without training (`alight dev`)."""

@@ -1,0 +1,272 @@
+"""Another run's store as supervised data: opened read only, its transitions selected
+(`alight.algorithms.sft`), and exported as chat rows (`alight trace RUN --export-sft`).
+
+A SQLite store (a run directory's `store.db`, or the file) is never opened for writing: a
+consistent copy is taken through a read-only connection (SQLite's online backup, which also
+reads a live run's write-ahead log) into a temporary directory, and the copy is read. A store
+server URL is read through the HTTP client with the token from ALIGHT_TOKEN, asking only reads.
+
+An exported row is one selected transition's LLM call as OpenAI chat data: the request's
+messages, then the assistant message the model answered (content and tool calls), and the tools
+the call offered: `{"messages": [...], "tools": [...]}`, what `warm_start.data` reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sqlite3
+import tempfile
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from alight import semconv
+from alight.algorithms.sft import SelectionCounts, check_selection, eligible_rollouts, select_transitions
+from alight.config.schema import AdapterConfig, AlgorithmConfig
+from alight.errors import ConfigError, StoreError
+from alight.store.base import Store
+from alight.trainer.run_dir import STORE_FILE
+from alight.types import Transition
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Selection:
+    """The transitions chosen from a store, the counts, and (for the export) the LLM spans they came from."""
+
+    transitions: list[Transition]
+    counts: SelectionCounts
+    spans: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # span id -> LLM span dict
+
+
+def is_url(target: str) -> bool:
+    return target.startswith(("http://", "https://"))
+
+
+def store_file(target: str) -> Path:
+    """The SQLite file of a run directory or a store file; ConfigError when there is none."""
+    path = Path(target).expanduser()
+    if path.is_dir():
+        if not (path / STORE_FILE).is_file():
+            raise ConfigError(f"{target}: not a run directory (it holds no {STORE_FILE})")
+        return path / STORE_FILE
+    if not path.is_file():
+        raise ConfigError(f"{target}: no run directory, store file or store URL there")
+    return path
+
+
+def check_source(target: str | None) -> None:
+    """Fail early, in one line, when `target` names no store (a URL is checked when read)."""
+    if not target:
+        raise ConfigError("data.from_store is empty: give a run directory, a store .db file or a store URL")
+    if not is_url(target):
+        store_file(target)
+
+
+def _snapshot(source: Path, copy: Path) -> None:
+    """Copy the SQLite database `source` to `copy`, reading it through a read-only connection.
+
+    A store closed cleanly has no write-ahead log: it is read as immutable, which creates no
+    `-wal`/`-shm` file beside it. A live (or killed) run's store has one, and its shared-memory
+    index: a read-only connection reads both and writes neither."""
+    path = source.resolve()
+    live = Path(f"{path}-wal").exists()
+    uri = f"file:{quote(str(path))}?mode=ro" + ("" if live else "&immutable=1")
+    try:
+        src = sqlite3.connect(uri, uri=True)
+        try:
+            dst = sqlite3.connect(copy)
+            try:
+                src.backup(dst)
+            finally:
+                dst.close()
+        finally:
+            src.close()
+    except sqlite3.Error as err:
+        raise ConfigError(f"{source}: cannot read it as a store ({err})") from None
+
+
+@contextlib.asynccontextmanager
+async def source_store(target: str) -> AsyncIterator[Store]:
+    """The store at `target` (run directory, .db file or store URL), for reading only."""
+    if is_url(target):
+        from alight.serving.auth import resolve_token
+        from alight.store.client import StoreClient
+
+        client = StoreClient(target, token=resolve_token(), max_retries=1)
+        try:
+            yield client
+        finally:
+            await client.close()
+        return
+    path = store_file(target)
+    from alight.store.sqlite import SqliteStore
+
+    with tempfile.TemporaryDirectory(prefix="alight-source-") as tmp:
+        copy = Path(tmp) / STORE_FILE
+        await asyncio.to_thread(_snapshot, path, copy)
+        try:
+            store = SqliteStore(copy)
+        except StoreError as err:
+            raise ConfigError(f"{target}: not an alight store ({str(err).splitlines()[0]})") from None
+        try:
+            yield store
+        finally:
+            await store.close()
+
+
+async def select_from_store(
+    store: Store, adapter: AdapterConfig, algorithm: AlgorithmConfig, *, tokenizer: Any = None
+) -> Selection:
+    """The transitions of the store's succeeded rollouts in `algorithm.sft.splits`, cut by the
+    adapter (agent_match, mode, truncation; `tokenizer` rebuilds ids a call was recorded without)
+    and chosen by `algorithm.sft` with the bar `algorithm.sft_min_reward`."""
+    from alight.algorithms.lightning import LightningRL
+
+    sft = algorithm.sft
+    check_selection(sft.select, sft.splits)
+    rl = LightningRL.from_config(adapter, algorithm, tokenizer=tokenizer)
+    rollouts = await store.list_rollouts()
+    eligible = eligible_rollouts(rollouts, sft.splits)
+    spans = await store.span_dicts([r.rollout_id for r in eligible]) if eligible else {}
+    transitions, _ = rl.adapt_rollouts(eligible, spans)
+    chosen, counts = select_transitions(
+        eligible, transitions, select=sft.select, min_reward=algorithm.sft_min_reward, dedupe=sft.dedupe
+    )
+    counts.rollouts, counts.eligible = len(rollouts), len(eligible)
+    llm = {s["span_id"]: s for rows in spans.values() for s in rows if s.get("kind") == "llm"}
+    wanted = {last_span_id(t) for t in chosen}
+    return Selection(chosen, counts, {k: v for k, v in llm.items() if k in wanted})
+
+
+def read_selection(
+    target: str, adapter: AdapterConfig, algorithm: AlgorithmConfig, *, tokenizer: Any = None
+) -> Selection:
+    """`select_from_store` on the store at `target`, opened read only."""
+
+    async def main() -> Selection:
+        async with source_store(target) as store:
+            return await select_from_store(store, adapter, algorithm, tokenizer=tokenizer)
+
+    return asyncio.run(main())
+
+
+def last_span_id(t: Transition) -> str | None:
+    """The LLM span whose request holds the whole conversation of `t` (trajectory mode: the last merged call)."""
+    ids = t.metadata.get("span_ids") if t.metadata else None
+    return ids[-1] if ids else t.span_id
+
+
+def chat_row(span: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One LLM call as `{"messages": [...request, response], "tools": [...]}`; None for a call
+    recorded without chat messages (the completions API)."""
+    attributes = span.get("attributes") or {}
+    messages = attributes.get(semconv.LLM_REQUEST_MESSAGES)
+    response = attributes.get(semconv.LLM_RESPONSE_MESSAGE)
+    if not isinstance(messages, list) or not isinstance(response, Mapping):
+        return None
+    answer = {k: v for k, v in response.items() if v is not None}
+    answer["role"] = "assistant"
+    return {"messages": [*messages, answer], "tools": list(attributes.get(semconv.LLM_REQUEST_TOOLS) or [])}
+
+
+def chat_rows(selection: Selection) -> tuple[list[dict[str, Any]], int]:
+    """The chat rows of the selected transitions, in order, and how many had none (no chat messages)."""
+    rows, missing = [], 0
+    for t in selection.transitions:
+        span = selection.spans.get(last_span_id(t) or "")
+        row = chat_row(span) if span is not None else None
+        if row is None:
+            missing += 1
+        else:
+            rows.append(row)
+    return rows, missing
+
+
+def write_rows(rows: Sequence[Mapping[str, Any]], out: Path) -> None:
+    """`out.jsonl`: one JSON row per line; any other path: a Hugging Face dataset (`save_to_disk`)."""
+    try:
+        if out.suffix == ".jsonl":
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with out.open("w") as f:
+                for row in rows:
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            return
+        from datasets import Dataset
+
+        Dataset.from_list(list(rows)).save_to_disk(str(out))
+    except OSError as err:
+        raise ConfigError(f"cannot write {out}: {err.strerror or err}") from None
+
+
+def export_settings(
+    target: str,
+    *,
+    config: Path | None = None,
+    overrides: Sequence[str] = (),
+    min_reward: float | None = None,
+    select: str | None = None,
+    agent_match: str | None = None,
+    splits: Sequence[str] = (),
+) -> tuple[AdapterConfig, AlgorithmConfig]:
+    """The adapter and algorithm settings of an export: `config`, else the run directory's own
+    config.yaml, else the defaults; then Hydra `overrides`; then the options given."""
+    import dataclasses
+
+    from alight.trainer.loop import CONFIG_FILE
+    from alight.trainer.trace import transition_settings
+
+    if config is None and not is_url(target) and (Path(target).expanduser() / CONFIG_FILE).is_file():
+        config = Path(target).expanduser() / CONFIG_FILE
+    adapter, algorithm = transition_settings(config, overrides)
+    if agent_match is not None:
+        adapter = dataclasses.replace(adapter, agent_match=agent_match or None)
+    sft = dataclasses.replace(
+        algorithm.sft, select=select or algorithm.sft.select, splits=list(splits) or list(algorithm.sft.splits)
+    )
+    bar = algorithm.sft_min_reward if min_reward is None else min_reward
+    return adapter, dataclasses.replace(algorithm, sft=sft, sft_min_reward=bar)
+
+
+def export_tokenizer(target: str) -> Any:
+    """The tokenizer of a run directory's starting model (rebuilds ids of calls recorded without
+    them), or None (such calls are then left out)."""
+    from alight.trainer.run_dir import BASE_MODEL_DIR
+
+    base = Path(target).expanduser() / BASE_MODEL_DIR
+    if is_url(target) or not (base / "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(base)
+
+
+def export_sft(target: str, out: Path, adapter: AdapterConfig, algorithm: AlgorithmConfig) -> dict[str, Any]:
+    """Write the selection of the store at `target` to `out` (see `write_rows`); returns what was
+    written and the selection's counts."""
+    selection = read_selection(target, adapter, algorithm, tokenizer=export_tokenizer(target))
+    rows, missing = chat_rows(selection)
+    if not rows:
+        counts = selection.counts
+        raise ConfigError(
+            f"{target}: no transition selected ({counts.eligible} succeeded rollouts of "
+            f"{'/'.join(algorithm.sft.splits)}, {counts.transitions} transitions; bar {algorithm.sft_min_reward:g})"
+        )
+    write_rows(rows, out)
+    return {
+        "out": str(out),
+        "format": "jsonl" if out.suffix == ".jsonl" else "dataset",
+        "rows": len(rows),
+        "without_messages": missing,
+        "select": algorithm.sft.select,
+        "min_reward": algorithm.sft_min_reward,
+        "splits": list(algorithm.sft.splits),
+        "agent_match": adapter.agent_match,
+        **selection.counts.as_dict(),
+    }
