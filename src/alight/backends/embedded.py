@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from alight.algorithms.batch import TransitionBatch
 from alight.backends import losses
 from alight.backends.checks import check_algorithm, warmup_schedule
-from alight.config.schema import AlgorithmConfig, ExperimentConfig
+from alight.config.schema import AlgorithmConfig, ExperimentConfig, LoraConfig
 from alight.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -346,21 +346,27 @@ class EmbeddedBackend:
 
 def _with_lora(model: Any, algorithm: AlgorithmConfig) -> Any:
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
     except ImportError:  # pragma: no cover - peft is a core dependency
         raise ConfigError('algorithm.lora needs peft: pip install "peft>=0.15"') from None
-    lora = algorithm.lora
-    config = LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        task_type="CAUSAL_LM",
-    )
+    config = PeftLoraConfig(**peft_arguments(algorithm.lora))
     try:
         return get_peft_model(model, config)
     except ValueError as err:
         raise ConfigError(f"algorithm.lora: {str(err).splitlines()[0]}") from None
+
+
+def peft_arguments(lora: LoraConfig) -> dict[str, Any]:
+    """peft `LoraConfig` keyword arguments of one adapter (this backend's, the per-agent backend's
+    and the engine's per-agent adapters)."""
+    return {
+        "r": lora.r,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": list(lora.target_modules),
+        "task_type": "CAUSAL_LM",
+    }
 
 
 def _base_name(key: str) -> str:

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alight.algorithms.batch import TransitionBatch
-from alight.backends.embedded import OPTIMIZER_FILE, EmbeddedBackend, _base_name
-from alight.config.schema import AlgorithmConfig, ExperimentConfig, LoraConfig
+from alight.backends.embedded import OPTIMIZER_FILE, EmbeddedBackend, _base_name, peft_arguments
+from alight.config.schema import AlgorithmConfig, ExperimentConfig
 from alight.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -62,17 +62,6 @@ def check_per_agent(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"algorithm.lora.agents names an agent twice: {names}")
     if lora.r < 1 or lora.alpha <= 0 or not 0 <= lora.dropout < 1 or not lora.target_modules:
         raise ConfigError("algorithm.lora: r must be >= 1, alpha > 0, dropout in [0, 1), target_modules not empty")
-
-
-def peft_arguments(lora: LoraConfig) -> dict[str, Any]:
-    """peft `LoraConfig` keyword arguments of one adapter (the backend's and the engine's)."""
-    return {
-        "r": lora.r,
-        "lora_alpha": lora.alpha,
-        "lora_dropout": lora.dropout,
-        "target_modules": list(lora.target_modules),
-        "task_type": "CAUSAL_LM",
-    }
 
 
 def engine_adapter_options(cfg: ExperimentConfig) -> dict[str, Any]:
