@@ -15,7 +15,7 @@ import openai
 
 import alight
 
-SYSTEM_PROMPT = "Answer with the result only."
+SYSTEM_PROMPT = "Give the answer in one short sentence."
 
 
 @alight.rollout
