@@ -31,7 +31,7 @@ def test_fixed_bytes(reference: bool, engine: bool, expected: int) -> None:
 
 
 def test_token_bytes_per_layer_and_with_checkpointing() -> None:
-    layer = 4 * (8 * 10 + 2 * 5 + 4 * 20)  # 680 bytes per token and layer
+    layer = 4 * (16 * 10 + 4 * 5 + 4 * 20)  # 1040 bytes per token and layer
     assert memory.token_bytes(SHAPE) == pytest.approx(1.3 * 2 * layer, abs=1)
     # checkpointing keeps one hidden state per layer and recomputes one layer at a time
     assert memory.token_bytes(SHAPE, gradient_checkpointing=True) == pytest.approx(1.3 * (2 * 4 * 10 + layer), abs=1)
@@ -40,12 +40,12 @@ def test_token_bytes_per_layer_and_with_checkpointing() -> None:
 @pytest.mark.parametrize(
     ("budget", "row_tokens", "chunk", "expected"),
     [
-        # per row: 100 tokens x ceil(1.3 x 1360) = 176_800; head: ceil(1.3 x 4 x 4 x 8 x 50) = 8320
-        (10_000 + 8320 + 3 * 176_800, 100, 8, 3),
-        (10_000 + 8320 + 3 * 176_800 - 1, 100, 8, 2),
+        # per row: 100 tokens x ceil(1.3 x 2 x 1040) = 270_400; head: ceil(1.3 x 4 x 4 x 8 x 50) = 8320
+        (10_000 + 8320 + 3 * 270_400, 100, 8, 3),
+        (10_000 + 8320 + 3 * 270_400 - 1, 100, 8, 2),
         (10_000 + 8320 - 1, 100, 8, 0),
         # unchunked: every response token's logits, per row: 100 x ceil(1.3 x 16 x 50) = 104_000 more
-        (10_000 + 3 * (176_800 + 104_000), 100, 0, 3),
+        (10_000 + 3 * (270_400 + 104_000), 100, 0, 3),
     ],
 )
 def test_fitting_micro_batch(budget: int, row_tokens: int, chunk: int, expected: int) -> None:

@@ -40,6 +40,8 @@ def check_algorithm(cfg: AlgorithmConfig) -> None:
         "betas": len(cfg.betas) == 2 and all(0 <= b < 1 for b in cfg.betas),
     }
     bad = [name for name, ok in checks.items() if not ok]
+    if bad and bad[0] == "micro_batch_size":
+        raise ConfigError(f"algorithm.micro_batch_size must be a positive number or auto, got {cfg.micro_batch_size!r}")
     if bad:
         raise ConfigError(f"algorithm.{bad[0]} is out of range: {getattr(cfg, bad[0])!r}")
 

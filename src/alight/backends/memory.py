@@ -5,8 +5,10 @@ An estimate from the model's shape, in bytes, fp32 (what the embedded backend tr
 - fixed: the weights, plus for every trainable weight its gradient and AdamW's two moments, plus a
   frozen KL reference (a copy of the weights) and the embedded engine's copy when they are kept;
 - per token of a micro-batch: the activations autograd keeps for backward, per decoder layer
-  (`ACTIVATIONS_PER_LAYER`: 8 hidden-sized tensors: norms, projections' inputs, attention output,
-  rotary copies; 2 key/value-sized; 4 MLP-sized: gate, up, their activation and product), or with
+  (`ACTIVATIONS_PER_LAYER`: 16 hidden-sized tensors: the two RMS norms' fp32 steps, projections'
+  inputs, rotary copies of the queries, keys and values repeated to every head, attention output;
+  4 key/value-sized; 4 MLP-sized: gate, up, their activation and product; SmolLM2-135M measured
+  ~2.4 MB per token in all, this counts ~1.9 MB before `SAFETY`), or with
   gradient checkpointing one hidden state per layer plus one layer's full set, recomputed;
 - the output layer: `log_prob_chunk` tokens' logits over the vocabulary, a few copies at once.
 
@@ -69,7 +71,7 @@ def fixed_bytes(shape: ModelShape, *, reference: bool = False, engine_copy: bool
     return FLOAT * (copies * shape.params + shape.trainable * (1 + ADAMW_STATES))
 
 
-ACTIVATIONS_PER_LAYER = (8, 2, 4)  # hidden-, kv- and intermediate-sized tensors kept per token and layer
+ACTIVATIONS_PER_LAYER = (16, 4, 4)  # hidden-, kv- and intermediate-sized tensors kept per token and layer
 
 
 def token_bytes(shape: ModelShape, *, gradient_checkpointing: bool = False) -> int:
