@@ -203,10 +203,20 @@ def test_masked_padding_changes_token_mean_not_at_all_and_seq_means_by_rows(batc
 
 
 @pytest.mark.parametrize(
-    ("rows", "mini", "world", "expected"),
-    [(6, None, 1, (6, 6)), (6, None, 4, (8, 8)), (10, 4, 2, (4, 12)), (10, 3, 2, (4, 12)), (5, 16, 1, (5, 5))],
+    ("rows", "mini", "world", "micro", "expected"),
+    [
+        (6, None, 1, 1, (6, 6)),
+        (6, None, 4, 1, (8, 8)),
+        (10, 4, 2, 1, (4, 12)),
+        (10, 3, 2, 1, (4, 12)),
+        (5, 16, 1, 1, (5, 5)),
+        (5, None, 1, 2, (6, 6)),  # one rank: 5 rows are not whole micro-batches of 2
+        (5, None, 2, 2, (8, 8)),  # two ranks of 4 rows, 2 micro-batches each
+        (12, 4, 2, 3, (6, 12)),  # a step of 4 rows is 2 per rank, not a micro-batch of 3: 6
+        (3, None, 2, 8, (16, 16)),
+    ],
 )
-def test_update_layout(rows: int, mini: int | None, world: int, expected: tuple[int, int]) -> None:
-    step, padded = vb.update_layout(rows, mini, world)
+def test_update_layout(rows: int, mini: int | None, world: int, micro: int, expected: tuple[int, int]) -> None:
+    step, padded = vb.update_layout(rows, mini, world, micro)
     assert (step, padded) == expected
-    assert step % world == 0 and padded % step == 0 and padded >= rows
+    assert (step // world) % micro == 0 and step % world == 0 and padded % step == 0 and padded >= rows

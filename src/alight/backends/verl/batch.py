@@ -84,18 +84,24 @@ def to_data_proto(batch: TransitionBatch, *, temperature: float = 1.0) -> DataPr
     return data
 
 
-def update_layout(rows: int, mini_batch_size: int | None, world_size: int) -> tuple[int, int]:
+def update_layout(
+    rows: int, mini_batch_size: int | None, world_size: int, micro_batch_size: int = 1
+) -> tuple[int, int]:
     """(rows per optimizer step, rows after padding) for an update of `rows` transitions.
 
-    verl's `train_mini_batch` needs the step's rows divisible by the data-parallel size and every
-    rank's rows divisible by its share of a step: so the step size is alight's `mini_batch_size`
-    (None: all rows) rounded up to a multiple of `world_size`, and the batch is padded to a
-    multiple of it.
+    verl's `train_mini_batch` splits a step's rows evenly over the data-parallel ranks, and with
+    fixed micro-batches (no dynamic batch size) asserts that each rank's share of a step divides
+    by `micro_batch_size` (`micro_batch_size_per_gpu`): so the step size is alight's
+    `mini_batch_size` (None: all rows) rounded up to a multiple of `world_size * micro_batch_size`,
+    and the batch is padded to a multiple of it.
     """
-    if rows < 1 or world_size < 1:
-        raise ValueError(f"rows and world_size must be at least 1, got {rows} and {world_size}")
+    if rows < 1 or world_size < 1 or micro_batch_size < 1:
+        raise ValueError(
+            f"rows, world_size and micro_batch_size must be at least 1, got {rows}, {world_size}, {micro_batch_size}"
+        )
+    unit = world_size * micro_batch_size
     mini = min(mini_batch_size or rows, rows)
-    mini = math.ceil(mini / world_size) * world_size
+    mini = math.ceil(mini / unit) * unit
     return mini, math.ceil(rows / mini) * mini
 
 
