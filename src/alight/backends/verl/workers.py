@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,7 +164,7 @@ def ray_worker_groups(verl_config: Any, *, use_ref: bool, use_critic: bool) -> W
         process_on_nodes=[n_gpus] * nnodes,
         use_gpu=not on_cpu,
         max_colocate_count=1 if on_cpu else 3,
-        name_prefix="alight",
+        name_prefix=f"alight{uuid.uuid4().hex[:8]}_",  # placement group names are cluster-wide: one per backend
     )
     roles: dict[str, Any] = {
         "actor": RayClassWithInitArgs(cls=ray.remote(ActorWorker), config=verl_config.actor_rollout_ref, role="actor")
