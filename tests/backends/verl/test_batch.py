@@ -171,8 +171,18 @@ def test_padding_to_a_multiple_and_back(batch: TransitionBatch, k: int, pad: int
     copies, _ = vb.pad_to_multiple(data, k, masked=False)
     for key in vb.MASKED_ON_PADDING:
         assert padded.batch[key][len(data) :].abs().sum() == 0
-        assert torch.equal(copies.batch[key][len(data) :], data.batch[key][:pad])
+        if key != "response_mask":
+            assert torch.equal(copies.batch[key][len(data) :], data.batch[key][:pad])
     assert torch.equal(padded.batch["input_ids"][len(data) :], data.batch["input_ids"][:pad])
+    # an added row keeps 2 tokens (the prompt's last, the response's first): verl drops the rest
+    width = data.batch["prompts"].shape[1]
+    for added in (padded, copies) if pad else ():
+        attention = added.batch["attention_mask"][len(data) :]
+        assert torch.equal(attention.sum(1), torch.full((pad,), 2)) and attention[:, width - 1 : width + 1].all()
+        assert torch.equal(
+            added.batch["position_ids"][len(data) :, width - 1 : width + 1], torch.tensor([[0, 1]] * pad)
+        )
+    assert copies.batch["response_mask"][len(data) :].sum() == pad
     back = vb.unpad(padded, pad_size)
     for key in sorted(data.batch.keys()):
         assert torch.equal(back.batch[key], data.batch[key])
