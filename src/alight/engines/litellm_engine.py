@@ -73,6 +73,7 @@ class LiteLLMEngine(Engine):
         base_url: str | None = None,
         api_key_env: str | None = None,  # name of the env var holding the API key
         tokenizer: str | os.PathLike[str] | None = None,  # HF tokenizer dir for token ids the endpoint lacks
+        chat_template: str = "auto",  # the tokenizer's template (see alight.models.chat_templates)
         served_name: str | None = None,  # model name the proxy answers to (default: `model`)
         extra_body: dict[str, Any] | None = None,  # extra JSON fields sent with every request
         timeout_s: float = 600.0,
@@ -85,6 +86,7 @@ class LiteLLMEngine(Engine):
         self._base_url = base_url
         self._api_key_env = api_key_env
         self._tokenizer_path = str(tokenizer) if tokenizer is not None else None
+        self._chat_template = chat_template
         self._served_name = served_name or model
         self._extra_body = dict(extra_body or {})
         self._timeout_s = timeout_s
@@ -120,10 +122,10 @@ class LiteLLMEngine(Engine):
     def _load_tokenizer(self) -> Any:
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                from transformers import AutoTokenizer
+                from alight.models.chat_templates import load_tokenizer
 
                 try:
-                    self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
+                    self._tokenizer = load_tokenizer(self._tokenizer_path, self._chat_template)
                 except (OSError, ValueError) as err:
                     first = (str(err).splitlines() or [type(err).__name__])[0]
                     raise ConfigError(

@@ -175,7 +175,9 @@ class RLLoop:
 
     # -- the policy -------------------------------------------------------------------------------
     def _base_model(self) -> Path:
-        """The starting weights: the tiny model built with the run's seed, or the configured model."""
+        """The starting weights: the tiny model built with the run's seed, or the configured model
+        (a packaged model or a GGUF file converted once, a hub model downloaded once)."""
+        from alight.models.sources import prepare_model
         from alight.models.tiny import build_tiny_model, is_current_tiny_model
 
         model = self.cfg.engine.model
@@ -185,10 +187,7 @@ class RLLoop:
                 self.events.on_stage("building the model", 0, 1)
                 build_tiny_model(path, seed=self.cfg.trainer.seed)
             return path
-        path = Path(model).expanduser()
-        if not path.is_dir():
-            raise ConfigError(f"engine.model {model!r}: training needs a local model directory (or 'tiny')")
-        return path
+        return prepare_model(model, progress=lambda line: self.events.on_stage(line, 0, 1))
 
     def _resume_point(self) -> None:
         """Step, data position and metrics of the newest checkpoint (its weights load later)."""
@@ -206,15 +205,14 @@ class RLLoop:
     def _prepare_policy(self) -> Path:
         """Load the backend (from the newest checkpoint when resuming; else warm-started); returns
         the model directory the engine serves first."""
-        from transformers import AutoTokenizer
-
         from alight.backends.factory import make_backend
+        from alight.models.chat_templates import load_tokenizer
 
         cfg = self.cfg
         seed_everything(cfg.trainer.seed)
         self.base_dir = self._base_model()
         self.events.on_stage("loading the model", 0, 1)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.base_dir)
+        self.tokenizer = load_tokenizer(self.base_dir, cfg.engine.chat_template)
         self.backend = make_backend(cfg, self.base_dir, work_dir=self.run_dir / BACKEND_DIR)
         if self.resume_state is not None:
             path, _, rng = self.resume_state

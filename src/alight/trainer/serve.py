@@ -91,13 +91,16 @@ def serve_runners(
 def resolve_model(model: str) -> str:
     """What an engine that loads weights should load: "tiny", a model directory, or, for a
     directory of training checkpoints (or a run directory holding `checkpoints/`), the newest
-    subdirectory that holds a model (config.json)."""
+    subdirectory that holds a model (config.json); a packaged model's name, a GGUF file (or a
+    directory holding one) or a hub id becomes its local directory (`prepare_model`)."""
+    from alight.models.sources import prepare_model
+
     if model == "tiny":
         return model
     path = Path(model).expanduser()
-    if not path.exists():
-        raise ConfigError(f"no model at {model}: give a model directory, a checkpoint directory or 'tiny'")
-    if path.is_file() or (path / "config.json").is_file():
+    if not path.exists() or path.is_file() or list(path.glob("*.gguf")):
+        return str(prepare_model(model))
+    if (path / "config.json").is_file():
         return str(path)
     if (path / "checkpoints").is_dir():  # a training run directory: its checkpoints, not its base model
         path = path / "checkpoints"

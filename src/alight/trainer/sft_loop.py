@@ -51,14 +51,14 @@ class SFTLoop(RLLoop):
         super()._announce()
 
     def _select(self) -> None:
-        from transformers import AutoTokenizer
-
+        from alight.models.chat_templates import load_tokenizer
         from alight.trainer.sft_source import read_selection
 
         cfg = self.cfg
         source = cfg.data.from_store
         assert source is not None
-        tokenizer = AutoTokenizer.from_pretrained(self._base_model())  # rebuilds ids of calls recorded without
+        # rebuilds the ids of calls recorded without them
+        tokenizer = load_tokenizer(self._base_model(), cfg.engine.chat_template)
         self.events.on_stage("reading the source store", 0, 1)
         started = time.monotonic()
         selection = read_selection(source, cfg.adapter, cfg.algorithm, tokenizer=tokenizer)

@@ -34,9 +34,16 @@ def engine_options(engine: EngineConfig) -> tuple[str, dict[str, Any]]:
     """The engine kind and the keyword arguments `make_engine` takes for it."""
     options: dict[str, Any] = {"model": engine.model, "served_name": engine.served_name}
     if engine.kind == "embedded":
-        options.update(device=engine.device, dtype=engine.dtype, max_batch_size=engine.max_batch_size)
+        options.update(
+            device=engine.device,
+            dtype=engine.dtype,
+            max_batch_size=engine.max_batch_size,
+            chat_template=engine.chat_template,
+        )
     elif engine.kind == "litellm":
         options.update(base_url=engine.base_url, api_key_env=engine.api_key_env, tokenizer=engine.tokenizer)
+        if engine.tokenizer is not None:
+            options["chat_template"] = engine.chat_template
     options.update(engine.options)
     return engine.kind, options
 
