@@ -270,10 +270,11 @@ def unknown_keys(base: DictConfig, overrides: Mapping[str, Any], prefix: str = "
     for key, value in overrides.items():
         path = f"{prefix}{key}"
         names = [str(k) for k in base.keys()]  # noqa: SIM118 - `in base` says no for a `???` value
-        if key not in names and key in target_fields(base):  # a field of verl's dataclass the YAML leaves out
-            continue
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
+            fields = target_fields(base)  # the fields of verl's dataclass: some the YAML leaves out
+            if key in fields:
+                continue
+            close = difflib.get_close_matches(str(key), names + sorted(fields - set(names)), n=1)
             hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
             errors.append(f"verl.{path} is not a key of verl's trainer config{hint}")
             continue
