@@ -77,6 +77,8 @@ def train(work: Path, args: argparse.Namespace, engine: str, timeout_s: float) -
         sys.executable, "-c", CLI, "train", args.config, "trainer.backend=verl",
         "trainer.device=cuda", f"engine.kind={engine}", f"engine.model={args.model}", "warm_start.steps=0",
         f"trainer.steps={args.steps}", "trainer.val_every=0", f"trainer.output_dir={out_dir}", "--no-dashboard",
+        # small steps: the check proves the path, it does not train (validation runs at step 0 and the end)
+        "data.val_size=4", "trainer.batch_size=2", "trainer.group_size=4", "trainer.save_every=0",
         *args.override,
     ]  # fmt: skip
     started = time.monotonic()
