@@ -1,9 +1,9 @@
-"""Mental arithmetic, no tools: the model adds two multi-digit numbers and answers with the sum.
+"""Mental arithmetic, no tools: the model answers "What is 7 * 8?" with the number.
 
 The pure-RL recipe for a real pretrained model (`configs/arith_smol.yaml`): no warm start, no
-demonstrations; the only signal is the reward, 1.0 when the last number of the answer is the sum.
-Untrained, SmolLM2-135M-Instruct answers most of these wrong or rambles past its token budget;
-GRPO teaches it to answer briefly and correctly. Plain `openai` client, one call per task.
+demonstrations; the only signal is the reward, 1.0 when the last number of the answer is right.
+Untrained, SmolLM2-135M-Instruct gets most of its times tables wrong or explains its way past its
+token budget; GRPO teaches it to answer briefly and right. Plain `openai` client, one call per task.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import openai
 
 import alight
 
-SYSTEM_PROMPT = "Answer with the result only."
+SYSTEM_PROMPT = "Give the answer in one short sentence."
 
 
 @alight.rollout

@@ -34,7 +34,9 @@ def make(tiny_dir: Path) -> Iterator[Callable[..., Backend]]:
         backend.close()
 
 
-def _shifted_log_probs(self: Any, batch: Any, model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _shifted_log_probs(
+    self: Any, batch: Any, model: Any = None, *, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_probs with the logits one position late: each token scored by the logits that follow it."""
     batch = batch.to(self.device)
     out = (model or self.model)(
@@ -45,7 +47,8 @@ def _shifted_log_probs(self: Any, batch: Any, model: Any = None) -> tuple[torch.
         use_cache=False,
     )
     logits = out.logits[:, 1:]
-    return losses.token_log_probs(logits, batch.responses, self.temperature), logits
+    lp, ent = losses.log_probs_and_entropy(logits, batch.responses, self.temperature)
+    return lp, ent if entropy else None
 
 
 def test_log_probs_off_by_one_position_fail(make: Any, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,8 +60,13 @@ def test_log_probs_off_by_one_position_fail(make: Any, tiny_dir: Path, monkeypat
 def test_an_entropy_bonus_with_the_wrong_sign_fails(
     make: Any, peaked_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    entropy = losses.entropy
-    monkeypatch.setattr(losses, "entropy", lambda logits, temperature=1.0: -entropy(logits, temperature))
+    both = losses.log_probs_and_entropy
+
+    def wrong_sign(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> Any:
+        lp, ent = both(logits, targets, temperature)
+        return lp, -ent
+
+    monkeypatch.setattr(losses, "log_probs_and_entropy", wrong_sign)
     with pytest.raises(AssertionError):
         suite.test_the_entropy_bonus_raises_the_entropy(make, peaked_dir)
 

@@ -97,12 +97,67 @@ def test_an_update_moves_the_weights_and_engine_weights_are_a_cpu_copy(tiny_dir:
     assert not torch.equal(served[key], b.model.state_dict()[key])
 
 
-def test_zero_advantages_leave_the_weights_unchanged(tiny_dir: Path) -> None:
-    b = backend(tiny_dir)
-    before = weights(b)
+def forward_counter(b: EmbeddedBackend) -> list[int]:
+    """Counts the policy's decoder forward passes."""
+    calls: list[int] = []
+    b.model.get_decoder().register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo"])
+def test_zero_advantages_run_no_forward_and_no_optimizer_step(tiny_dir: Path, name: str) -> None:
+    # weight decay and warm-up: a step with a zero gradient would still move the weights and the lr
+    b = backend(tiny_dir, name=name, weight_decay=0.1, warmup_steps=5, micro_batch_size=2, mini_batch_size=2)
+    calls = forward_counter(b)
+    before, lr = weights(b), b.scheduler.get_last_lr()[0]
     metrics = b.update(batch_of(transitions([0.0, 0.0, 0.0])))
     assert changed(before, weights(b)) == []
-    assert metrics["actor/loss"] == 0.0
+    assert calls == []
+    assert not b.optimizer.state  # AdamW never stepped
+    assert b.scheduler.get_last_lr()[0] == lr  # warm-up counts real updates only
+    epochs = 4 if name == "ppo" else 1
+    assert metrics["actor/optimizer_steps"] == 0.0
+    assert metrics["actor/skipped_steps"] == epochs * 2  # mini-batches of 2, 1
+    assert metrics["actor/skipped_micro_batches"] == epochs * 2
+
+
+def test_only_micro_batches_with_a_gradient_run_and_the_step_is_unchanged(tiny_dir: Path) -> None:
+    advantages = [0.0, 0.0, 1.0, -0.5, 0.0]  # micro-batches of 2: [0, 0] skipped, [1, -0.5], [0] skipped
+    recorded = [[-2.0] * len(row.response_ids) for row in transitions(advantages)]  # no forward to fill them
+    rows = transitions(advantages, logprobs=recorded)  # type: ignore[arg-type]
+    results = []
+    for micro in (2, len(rows)):  # all rows in one micro-batch: nothing can be skipped
+        b = backend(tiny_dir, micro_batch_size=micro, weight_decay=0.1)
+        calls, grads = forward_counter(b), applied_gradients(b)
+        metrics = b.update(batch_of(rows))
+        results.append((len(calls), grads, weights(b), metrics))
+    (calls_small, g_small, _, m_small), (calls_one, g_one, _, m_one) = results
+    assert (calls_small, calls_one) == (1, 1)
+    assert (m_small["actor/skipped_micro_batches"], m_one["actor/skipped_micro_batches"]) == (2.0, 0.0)
+    assert m_small["actor/optimizer_steps"] == m_one["actor/optimizer_steps"] == 1.0
+    for key, grad in g_one.items():  # the skipped rows' zero loss was still counted in the normaliser
+        assert torch.allclose(g_small[key], grad, atol=1e-6, rtol=1e-4), key
+    assert m_small["actor/loss"] == pytest.approx(m_one["actor/loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("penalty", [{"kl_coef": 0.5}, {"entropy_coef": 0.1}])
+def test_zero_advantages_still_step_with_a_kl_or_entropy_term(tiny_dir: Path, penalty: dict[str, float]) -> None:
+    b = backend(tiny_dir, weight_decay=0.1, **penalty)
+    calls = forward_counter(b)
+    before = weights(b)
+    metrics = b.update(batch_of(transitions([0.0, 0.0, 0.0])))
+    assert metrics["actor/optimizer_steps"] == 1.0 and metrics["actor/skipped_micro_batches"] == 0.0
+    assert calls and changed(before, weights(b))
+
+
+def test_sft_and_the_warm_start_never_skip(tiny_dir: Path) -> None:
+    b = backend(tiny_dir, name="sft", sft_min_reward=0.5)
+    before = weights(b)
+    metrics = b.update(batch_of(transitions([0.0, 0.0], rewards=[1.0, 1.0])))  # sft ignores advantages
+    assert metrics["actor/sft_rows"] == 2.0 and changed(before, weights(b))
+    before = weights(b)
+    b.warm_start(iter([batch_of(transitions([0.0, 0.0]))]), steps=1, lr=1e-3, warmup_steps=0)
+    assert changed(before, weights(b))
 
 
 def test_on_policy_grpo_has_ratio_one(tiny_dir: Path) -> None:
@@ -280,6 +335,10 @@ BAD = [
     ("kl_estimator", "k4"),
     ("lr", 0.0),
     ("micro_batch_size", 0),
+    ("micro_batch_size", "big"),
+    ("micro_batch_size", True),
+    ("log_prob_chunk", -1),
+    ("memory_fraction", 0.0),
     ("mini_batch_size", 0),
     ("epochs", 0),
     ("ppo_epochs", 0),

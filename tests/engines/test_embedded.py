@@ -75,6 +75,35 @@ async def test_a_batch_gives_what_each_request_gives_alone(engine: EmbeddedEngin
         assert torch.allclose(torch.tensor(batched.response_logprobs), torch.tensor(one.response_logprobs), atol=1e-4)
 
 
+async def test_requests_that_trickle_in_share_one_batch(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 concurrent requests arriving a few ms apart (as rendered prompts do) generate together: a
+    second batch would wait for the first one to end."""
+    from alight.engines import embedded
+
+    sizes: list[int] = []
+    generate = embedded.generate
+
+    def counting(model: Any, batch: list[Any], **kwargs: Any) -> Any:
+        sizes.append(len(batch))
+        return generate(model, batch, **kwargs)
+
+    monkeypatch.setattr(embedded, "generate", counting)
+    # gaps of 3 ms against a 50 ms allowance: robust on a loaded machine; a deadline fixed at the
+    # first request (50 ms) would cut the ~100 ms of arrivals in two
+    eng = EmbeddedEngine("tiny", cache_dir=tiny_dir, max_new_tokens=4, batch_wait_ms=50, max_batch_wait_ms=5000)
+    await eng.start()
+
+    async def late(i: int) -> Generation:
+        await asyncio.sleep(0.003 * i)  # 32 requests over ~100 ms, 3 ms apart
+        return await eng.chat(chat(f"question {i}", max_tokens=4))
+
+    try:
+        await asyncio.gather(*(late(i) for i in range(32)))
+    finally:
+        await eng.close()
+    assert sizes == [32]
+
+
 async def test_seeds_reproduce_also_inside_a_batch(engine: EmbeddedEngine) -> None:
     first = await engine.chat(chat(temperature=1.0, top_p=0.9, max_tokens=16, seed=11))
     again = await asyncio.gather(

@@ -12,6 +12,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,3 +85,73 @@ def test_killed_run_resumes_without_lost_or_repeated_steps(tmp_path: Path) -> No
     assert sorted({step for step, _ in per_task}) == list(range(1, STEPS + 1))
     assert all(count == GROUP for count in per_task.values()), per_task  # no rollout enqueued twice
     assert sum(per_task.values()) == STEPS * TASKS * GROUP
+
+
+def run_until_step(run_dir: Path, step: int, *extra: str) -> tuple[subprocess.Popen[str], list[dict[str, Any]]]:
+    """`alight train` started in its own session, read until it has logged `step`."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        train_command(run_dir, *extra),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    seen: list[dict[str, Any]] = []
+    for line in process.stdout:
+        seen.append(json.loads(line))
+        if seen[-1].get("step") == step:
+            break
+    return process, seen
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_writes_a_checkpoint_and_resume_goes_on(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    from alight.trainer.checkpoint import checkpoints
+
+    run_dir = tmp_path / "run"
+    no_periodic_checkpoint = "trainer.save_every=0"  # only the last step's, and the one the signal writes
+    first, _ = run_until_step(run_dir, 2, no_periodic_checkpoint)
+    try:
+        time.sleep(0.7)  # inside step 3: waiting for rollouts or updating
+        os.kill(first.pid, sig)  # the trainer only, as a process manager would
+        out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert first.returncode == code, err[-3000:]
+    ended = json.loads(out.splitlines()[-1])
+    assert ended["event"] == "end" and ended["stopped"] is True
+    saved = [step for step, _ in checkpoints(run_dir)]
+    assert saved == [ended["steps"]] and ended["steps"] in (2, 3), saved  # the last completed step
+    assert "--resume" in err.splitlines()[-1]  # the one line that says how to go on
+
+    resumed = subprocess.run(
+        train_command(run_dir, no_periodic_checkpoint, "--resume"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(STEPS + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
+    first, _ = run_until_step(tmp_path / "run", 1, "trainer.save_every=0")
+    try:
+        os.kill(first.pid, signal.SIGINT)
+        time.sleep(0.2)
+        os.kill(first.pid, signal.SIGINT)
+        first.wait(timeout=20)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the runners it had no time to stop
+    assert first.returncode == -signal.SIGINT  # killed by the signal itself, not a clean exit

@@ -26,7 +26,9 @@ def check_algorithm(cfg: AlgorithmConfig) -> None:
     checks = {
         "lr": cfg.lr > 0,
         "weight_decay": cfg.weight_decay >= 0,
-        "micro_batch_size": cfg.micro_batch_size >= 1,
+        "micro_batch_size": cfg.micro_batch_size == "auto" or _positive_int(cfg.micro_batch_size),
+        "log_prob_chunk": cfg.log_prob_chunk >= 0,
+        "memory_fraction": 0 < cfg.memory_fraction <= 1,
         "mini_batch_size": cfg.mini_batch_size is None or cfg.mini_batch_size >= 1,
         "epochs": cfg.epochs >= 1,
         "ppo_epochs": cfg.ppo_epochs >= 1,
@@ -38,8 +40,14 @@ def check_algorithm(cfg: AlgorithmConfig) -> None:
         "betas": len(cfg.betas) == 2 and all(0 <= b < 1 for b in cfg.betas),
     }
     bad = [name for name, ok in checks.items() if not ok]
+    if bad and bad[0] == "micro_batch_size":
+        raise ConfigError(f"algorithm.micro_batch_size must be a positive number or auto, got {cfg.micro_batch_size!r}")
     if bad:
         raise ConfigError(f"algorithm.{bad[0]} is out of range: {getattr(cfg, bad[0])!r}")
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def warmup_schedule(warmup_steps: int) -> Callable[[int], float]:

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alight.algorithms.batch import TransitionBatch
-from alight.backends import losses
+from alight.backends import losses, memory
 from alight.backends.checks import check_algorithm, warmup_schedule
+from alight.backends.chunked import chunked_head_supported, head_log_probs
 from alight.config.schema import AlgorithmConfig, ExperimentConfig, LoraConfig
 from alight.errors import ConfigError
 
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+AUTO = "auto"  # algorithm.micro_batch_size: the most rows that fit (alight.backends.memory)
+#: Prompt tokens assumed when checking that micro_batch_size fits and adapter.max_prompt_length is unset.
+ASSUMED_PROMPT_TOKENS = 256
 ADAPTER_DIR = "adapter"
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -48,7 +52,16 @@ class EmbeddedBackend:
     def from_config(cls, cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path | None = None) -> EmbeddedBackend:
         """`work_dir` is unused: this backend keeps everything in memory between checkpoints."""
         temperature = cfg.algorithm.temperature or cfg.engine.sampling.temperature
-        return cls(model_dir, cfg.algorithm, device=cfg.trainer.device, temperature=temperature, seed=cfg.trainer.seed)
+        same_device = cfg.engine.device.split(":")[0] == cfg.trainer.device.split(":")[0]
+        return cls(
+            model_dir,
+            cfg.algorithm,
+            device=cfg.trainer.device,
+            temperature=temperature,
+            seed=cfg.trainer.seed,
+            engine_copy=cfg.engine.kind == "embedded" and same_device,
+            row_tokens=(cfg.adapter.max_prompt_length or ASSUMED_PROMPT_TOKENS) + cfg.engine.sampling.max_tokens,
+        )
 
     def __init__(
         self,
@@ -58,6 +71,8 @@ class EmbeddedBackend:
         device: str = "cpu",
         temperature: float = 1.0,
         seed: int = 0,
+        engine_copy: bool = False,  # the embedded engine holds another copy of the weights on this device
+        row_tokens: int | None = None,  # the longest rows expected: checks micro_batch_size fits (None: no check)
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM
@@ -73,6 +88,8 @@ class EmbeddedBackend:
         with progress_bars_off():
             model: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         model.config.use_cache = False
+        if algorithm.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.lora = algorithm.lora.enabled
         if self.lora:
             model = _with_lora(model, algorithm)
@@ -82,6 +99,9 @@ class EmbeddedBackend:
         if algorithm.kl_coef > 0 and not self.lora:  # with LoRA the reference is the model, adapters off
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.optimizer = self._optimizer(algorithm.lr, algorithm.warmup_steps)
+        self.shape = memory.model_shape(self.model)
+        self._auto_rows: tuple[int, int] | None = None  # (row tokens, micro-batch size) last logged
+        self._check_memory(engine_copy, row_tokens)
 
     @property
     def max_length(self) -> int | None:
@@ -122,10 +142,33 @@ class EmbeddedBackend:
         return norm
 
     # -- forward --------------------------------------------------------------------------------
-    def log_probs(self, batch: TransitionBatch, model: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """([B, R] log-probs of the response tokens, [B, R, V] their logits) under `model` (default: the policy)."""
+    def log_probs(
+        self, batch: TransitionBatch, model: Any = None, *, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """([B, R] log-probs of the response tokens, [B, R] their entropy when asked, else None) under
+        `model` (default: the policy); 0 where the response mask is 0. The output layer runs on
+        chunks of `algorithm.log_prob_chunk` tokens (see `alight.backends.chunked`)."""
         batch = batch.to(self.device)
-        out = (model or self.model)(
+        model = model or self.model
+        mask = batch.response_mask
+        if self.cfg.log_prob_chunk > 0 and chunked_head_supported(model):
+            hidden = model.get_decoder()(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+                use_cache=False,
+            ).last_hidden_state
+            r = batch.response_length
+            return head_log_probs(
+                hidden[:, -(r + 1) : -1],
+                model.get_output_embeddings(),
+                batch.responses,
+                mask,
+                temperature=self.temperature,
+                chunk_tokens=self.cfg.log_prob_chunk,
+                with_entropy=entropy,
+            )
+        out = model(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
             position_ids=batch.position_ids,
@@ -133,7 +176,11 @@ class EmbeddedBackend:
             use_cache=False,
         )
         logits = out.logits[:, :-1]
-        return losses.token_log_probs(logits, batch.responses, self.temperature), logits
+        m = mask.float()
+        if entropy:
+            lp, ent = losses.log_probs_and_entropy(logits, batch.responses, self.temperature)
+            return lp * m, ent * m
+        return losses.token_log_probs(logits, batch.responses, self.temperature) * m, None
 
     def _reference_log_probs(self, batch: TransitionBatch) -> torch.Tensor:
         import torch
@@ -152,8 +199,9 @@ class EmbeddedBackend:
         if not missing:
             return
         with torch.no_grad():
-            for start in range(0, len(missing), self.cfg.micro_batch_size):
-                rows = missing[start : start + self.cfg.micro_batch_size]
+            micro = self._micro_batch_size(batch)
+            for start in range(0, len(missing), micro):
+                rows = missing[start : start + micro]
                 part = batch.select(rows)
                 lp = self.log_probs(part)[0].cpu() * part.response_mask
                 batch.old_log_probs[rows, : part.response_length] = lp
@@ -161,7 +209,12 @@ class EmbeddedBackend:
 
     # -- updates --------------------------------------------------------------------------------
     def update(self, batch: TransitionBatch) -> dict[str, float]:
-        """One RL update on `batch` (its advantages set); metrics under actor/ names."""
+        """One RL update on `batch` (its advantages set); metrics under actor/ names.
+
+        A micro-batch whose loss has no gradient (every advantage 0, no KL and no entropy term) is
+        not run; an optimizer step all of whose micro-batches were skipped is skipped too (AdamW
+        would still move the weights by momentum and weight decay) and does not advance the
+        learning-rate schedule. `actor/skipped_micro_batches` and `actor/skipped_steps` count them."""
         import torch
 
         if self.cfg.name == "sft":
@@ -169,24 +222,111 @@ class EmbeddedBackend:
             if not keep:
                 return {"actor/sft_rows": 0.0}
             return {**self.supervised_step(batch.select(keep)), "actor/sft_rows": float(len(keep))}
-        self.fill_old_log_probs(batch)
         rows = len(batch)
         mini = min(self.cfg.mini_batch_size or rows, rows)
         epochs = self.cfg.ppo_epochs if self.cfg.name == "ppo" else self.cfg.epochs
+        if not self._has_gradient(batch):  # nothing to learn: no forward, no step
+            micro = self._micro_batch_size(batch)
+            steps = epochs * math.ceil(rows / mini)
+            micros = epochs * sum(math.ceil(min(mini, rows - s) / micro) for s in range(0, rows, mini))
+            return {
+                "actor/optimizer_steps": 0.0,
+                "actor/skipped_steps": float(steps),
+                "actor/skipped_micro_batches": float(micros),
+                "actor/update_tokens": 0.0,
+                "actor/lr": float(self.scheduler.get_last_lr()[0]),
+            }
+        self.fill_old_log_probs(batch)
         sums: dict[str, float] = {}
-        steps = 0
+        steps = skipped_steps = skipped_micro = 0
+        forwarded = 0.0
         for _ in range(epochs):
             order = (
                 torch.randperm(rows, generator=self.generator) if (mini < rows or epochs > 1) else torch.arange(rows)
             )
             for start in range(0, rows, mini):
-                for key, value in self._policy_step(batch.select(order[start : start + mini])).items():
+                result = self._policy_step(batch.select(order[start : start + mini]))
+                skipped_micro += int(result.pop("skipped_micro_batches"))
+                forwarded += result.pop("forwarded_tokens")
+                if result.pop("skipped_step"):
+                    skipped_steps += 1
+                    continue
+                for key, value in result.items():
                     sums[key] = sums.get(key, 0.0) + value
                 steps += 1
-        metrics = {key: value / steps for key, value in sums.items()}
+        metrics = {key: value / steps for key, value in sums.items()} if steps else {}
         metrics["actor/optimizer_steps"] = float(steps)
-        metrics["actor/update_tokens"] = float(epochs * int((batch.prompt_lengths + batch.response_lengths).sum()))
+        metrics["actor/skipped_steps"] = float(skipped_steps)
+        metrics["actor/skipped_micro_batches"] = float(skipped_micro)
+        metrics["actor/update_tokens"] = forwarded
         return metrics
+
+    def _has_gradient(self, batch: TransitionBatch) -> bool:
+        """Whether the RL loss on `batch` can have a gradient (a non-zero advantage on a loss token,
+        or a KL or entropy term)."""
+        if self.cfg.kl_coef != 0 or self.cfg.entropy_coef != 0:
+            return True
+        return bool((batch.row_advantages[batch.response_mask.sum(-1) > 0] != 0).any())
+
+    # -- memory ---------------------------------------------------------------------------------
+    def _pending_bytes(self) -> int:
+        """What an update still allocates beyond what is in memory now: gradients, and AdamW's
+        moments until its first step has made them."""
+        states = 0 if self.optimizer is not None and self.optimizer.state else memory.ADAMW_STATES
+        return memory.FLOAT * self.shape.trainable * (1 + states)
+
+    def _check_memory(self, engine_copy: bool, row_tokens: int | None) -> None:
+        """ConfigError, before the first step, when the update cannot fit the free memory."""
+        cfg, free = self.cfg, memory.available_bytes(str(self.device))
+        pending = self._pending_bytes() + (memory.FLOAT * self.shape.params if engine_copy else 0)
+        if pending > free:
+            raise ConfigError(
+                f"training {self.model_path.name} needs {memory.gib(pending)} more for gradients, AdamW state"
+                f"{' and the engine' if engine_copy else ''} but {memory.gib(free)} is free; "
+                "use algorithm.lora.enabled=true or a smaller model"
+            )
+        if cfg.micro_batch_size == AUTO or row_tokens is None:
+            return
+        rows = int(cfg.micro_batch_size)
+        need = memory.micro_batch_bytes(
+            self.shape, rows, row_tokens, chunk_tokens=cfg.log_prob_chunk, checkpointing=cfg.gradient_checkpointing
+        )
+        if pending + need > free:
+            fits = memory.fitting_micro_batch(
+                self.shape,
+                free,
+                row_tokens,
+                chunk_tokens=cfg.log_prob_chunk,
+                checkpointing=cfg.gradient_checkpointing,
+                fixed=pending,
+            )
+            raise ConfigError(
+                f"algorithm.micro_batch_size={rows} needs ~{memory.gib(need)} for rows of ~{row_tokens} tokens "
+                f"beside {memory.gib(pending)} for gradients and optimizer; {memory.gib(free)} is free: "
+                f"set algorithm.micro_batch_size=auto (or <= {fits}) or algorithm.gradient_checkpointing=true"
+            )
+
+    def _micro_batch_size(self, batch: TransitionBatch) -> int:
+        """Rows per forward/backward: the configured number, or with "auto" the most rows of this
+        batch's width that fit `memory_fraction` of the free memory (at least 1)."""
+        cfg = self.cfg
+        if cfg.micro_batch_size != AUTO:
+            return int(cfg.micro_batch_size)
+        row_tokens = int(batch.input_ids.shape[1])
+        budget = int(memory.available_bytes(str(self.device)) * cfg.memory_fraction)
+        rows = memory.fitting_micro_batch(
+            self.shape,
+            budget,
+            row_tokens,
+            chunk_tokens=cfg.log_prob_chunk,
+            checkpointing=cfg.gradient_checkpointing,
+            fixed=self._pending_bytes(),
+        )
+        rows = max(1, min(rows, len(batch)))
+        if self._auto_rows != (row_tokens, rows):
+            self._auto_rows = (row_tokens, rows)
+            logger.info("micro_batch_size auto: %d rows of %d tokens (%s free)", rows, row_tokens, memory.gib(budget))
+        return rows
 
     def _policy_step(self, mini: TransitionBatch) -> dict[str, float]:
         import torch
@@ -195,16 +335,26 @@ class EmbeddedBackend:
         mask_all = mini.response_mask
         normaliser = float(mask_all.sum()) if cfg.loss_agg == "token_mean" else float(len(mini))
         totals = {"loss": 0.0, "clipfrac": 0.0, "ppo_kl": 0.0, "kl": 0.0, "entropy": 0.0}
-        tokens = max(float(mask_all.sum()), 1.0)
-        for micro in mini.split(cfg.micro_batch_size):
+        tokens = 0.0
+        skipped = forwarded = 0
+        ran_tokens = 0.0
+        for micro in mini.split(self._micro_batch_size(mini)):
+            if not self._has_gradient(micro):  # its loss is 0 with no gradient: it adds nothing
+                skipped += 1
+                continue
+            forwarded += 1
+            ran_tokens += float((micro.prompt_lengths + micro.response_lengths).sum())
             micro = micro.to(self.device)
             mask = micro.response_mask
-            log_probs, logits = self.log_probs(micro)
+            tokens += float(mask.sum())
+            log_probs, token_entropy = self.log_probs(micro, entropy=True)
+            assert token_entropy is not None
+            if cfg.entropy_coef == 0:
+                token_entropy = token_entropy.detach()
             pg, clipped, approx_kl = losses.clipped_policy_loss(
                 log_probs, micro.old_log_probs, micro.advantages, cfg.clip_ratio_low, cfg.clip_ratio_high
             )
             loss = losses.aggregate(pg, mask, cfg.loss_agg, normaliser=normaliser)
-            token_entropy = losses.entropy(logits.detach() if cfg.entropy_coef == 0 else logits, self.temperature)
             if cfg.entropy_coef:
                 loss = loss - cfg.entropy_coef * losses.aggregate(
                     token_entropy, mask, cfg.loss_agg, normaliser=normaliser
@@ -219,14 +369,21 @@ class EmbeddedBackend:
             totals["clipfrac"] += float((clipped * m).sum())
             totals["ppo_kl"] += float((approx_kl.detach() * m).sum())
             totals["entropy"] += float((token_entropy.detach() * m).sum())
+        done = {"skipped_micro_batches": float(skipped), "forwarded_tokens": ran_tokens}
+        if not forwarded:  # no gradient at all: AdamW would still move the weights (momentum, decay)
+            self.optimizer.zero_grad(set_to_none=True)
+            return {**done, "skipped_step": 1.0}
         lr = float(self.scheduler.get_last_lr()[0])
         grad_norm = self._step()
+        per_token = max(tokens, 1.0)  # the metrics average the tokens that ran
         return {
+            **done,
+            "skipped_step": 0.0,
             "actor/loss": totals["loss"],
-            "actor/pg_clipfrac": totals["clipfrac"] / tokens,
-            "actor/ppo_kl": totals["ppo_kl"] / tokens,
-            "actor/kl": totals["kl"] / tokens,
-            "actor/entropy": totals["entropy"] / tokens,
+            "actor/pg_clipfrac": totals["clipfrac"] / per_token,
+            "actor/ppo_kl": totals["ppo_kl"] / per_token,
+            "actor/kl": totals["kl"] / per_token,
+            "actor/entropy": totals["entropy"] / per_token,
             "actor/grad_norm": grad_norm,
             "actor/lr": lr,
         }
@@ -235,7 +392,7 @@ class EmbeddedBackend:
         """One optimizer step of negative log-likelihood on the batch's response tokens."""
         normaliser = float(batch.response_mask.sum()) if self.cfg.loss_agg == "token_mean" else float(len(batch))
         total = 0.0
-        for micro in batch.split(self.cfg.micro_batch_size):
+        for micro in batch.split(self._micro_batch_size(batch)):
             log_probs, _ = self.log_probs(micro)
             loss = losses.nll_loss(
                 log_probs, micro.response_mask.to(self.device), self.cfg.loss_agg, normaliser=normaliser

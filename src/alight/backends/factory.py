@@ -35,6 +35,10 @@ def check_backend(cfg: ExperimentConfig) -> None:
     from alight.backends.per_agent_lora import check_per_agent
 
     check_algorithm(cfg.algorithm)
+    if cfg.algorithm.micro_batch_size == "auto" and cfg.trainer.backend != "embedded":
+        raise ConfigError(
+            f"algorithm.micro_batch_size=auto: embedded backend only; set a number for {cfg.trainer.backend}"
+        )
     check_per_agent(cfg)
     backend_class(cfg.trainer.backend).check_config(cfg)
 

@@ -33,6 +33,17 @@ def entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     return -(log_p.exp() * log_p).sum(-1)
 
 
+def log_probs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_log_probs` and `entropy` of the same logits from one log-softmax (half the memory)."""
+    import torch
+
+    scaled = logits.float() / temperature if temperature not in (0.0, 1.0) else logits.float()
+    log_p = torch.log_softmax(scaled, dim=-1)
+    return log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
+
+
 def aggregate(
     values: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean", *, normaliser: float | None = None
 ) -> torch.Tensor:

@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 ADAPTERS_DIR = "adapters"  # as alight.engines.agent_adapters.ADAPTERS_DIR (backends may not import engines)
 #: Metrics summed over agents (the others are averaged, weighted by each agent's rows).
-SUMMED = ("actor/optimizer_steps", "actor/update_tokens")
+SUMMED = ("actor/optimizer_steps", "actor/update_tokens", "actor/skipped_steps", "actor/skipped_micro_batches")
 
 
 def check_per_agent(cfg: ExperimentConfig) -> None:

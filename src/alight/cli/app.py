@@ -282,7 +282,15 @@ def train(
     with train_watchers(cfg, dashboard=not no_dashboard) as watchers:
         result = Trainer(cfg, run_dir=run_dir, resume=resume, watchers=watchers).fit()
     if result.stopped:
-        raise typer.Exit(130)
+        if result.checkpoint is not None:
+            typer.echo(
+                f"alight train: stopped after step {result.steps}; checkpoint {result.checkpoint}; continue with: "
+                f"alight train {config} --resume --run-dir {result.run_dir}",
+                err=True,
+            )
+        else:
+            typer.echo("alight train: stopped before the first checkpoint; nothing to resume", err=True)
+        raise typer.Exit(143 if result.signal == "SIGTERM" else 130)
 
 
 @app.command(cls=_Command, context_settings={"allow_extra_args": False})

@@ -55,7 +55,7 @@ class EngineConfig:
     served_name: str = "policy"  # the model name agents send; the proxy answers to it
     device: str = "cpu"  # embedded: cpu | cuda | cuda:N
     dtype: str = "float32"  # embedded: float32 | bfloat16 | float16
-    max_batch_size: int = 8  # embedded: requests generated together
+    max_batch_size: int = 32  # embedded: requests generated together
     base_url: str | None = None  # litellm: the OpenAI-compatible endpoint, if any
     api_key_env: str | None = None  # litellm: environment variable holding the API key
     tokenizer: str | None = None  # litellm: tokenizer directory for token ids the endpoint does not return
@@ -184,7 +184,12 @@ class AlgorithmConfig:
     loss_agg: str = "token_mean"  # token_mean | seq_mean_token_mean | seq_mean_token_sum
     max_grad_norm: float = 1.0  # gradient clipping (0: none)
     mini_batch_size: int | None = None  # transitions per optimizer step; None: the whole batch (one step)
-    micro_batch_size: int = 16  # transitions per forward/backward (gradient accumulation); memory only
+    # Transitions per forward/backward (gradient accumulation; memory only): a number, or "auto" (the
+    # most that fit the free memory, from the model's size and each batch's longest row)
+    micro_batch_size: Any = 16
+    log_prob_chunk: int = 512  # response tokens whose full-vocabulary logits exist at once (memory); 0: no chunks
+    gradient_checkpointing: bool = False  # recompute each layer's activations in backward: less memory, ~30% slower
+    memory_fraction: float = 0.8  # micro_batch_size auto: share of the free memory an update may use
     epochs: int = 1  # passes over each batch; ppo defaults to several (see `ppo_epochs`)
     ppo_epochs: int = 4  # ppo: passes over each batch
     temperature: float | None = None  # log-prob temperature; None: the engine's sampling temperature

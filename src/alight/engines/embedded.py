@@ -88,10 +88,11 @@ class EmbeddedEngine(Engine):
         *,
         device: str = "cpu",
         dtype: str = "auto",  # auto: float32 on CPU, bfloat16 on GPU
-        max_batch_size: int = 8,
+        max_batch_size: int = 32,
         max_new_tokens: int = 512,  # limit of a request that sets no max_tokens
         max_context: int | None = None,  # None: the model's max_position_embeddings
-        batch_wait_ms: float = 2.0,  # how long the first request of a batch waits for others
+        batch_wait_ms: float = 10.0,  # a batch waits this long after each request for another one
+        max_batch_wait_ms: float = 100.0,  # ... and at most this long after its first request
         seed: int | None = None,  # seeds requests that bring no seed; None: torch's global RNG
         served_name: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,  # where "tiny" is built
@@ -102,12 +103,16 @@ class EmbeddedEngine(Engine):
     ) -> None:
         if dtype not in DTYPES:
             raise ConfigError(f"embedded engine: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        if max_batch_size < 1 or max_new_tokens < 1 or batch_wait_ms < 0:
-            raise ConfigError("embedded engine: max_batch_size and max_new_tokens must be >= 1, batch_wait_ms >= 0")
+        if max_batch_size < 1 or max_new_tokens < 1 or batch_wait_ms < 0 or max_batch_wait_ms < 0:
+            raise ConfigError(
+                "embedded engine: max_batch_size and max_new_tokens must be >= 1, batch_wait_ms and "
+                "max_batch_wait_ms >= 0"
+            )
         self._source = str(model)
         self._served_name = served_name or (TINY if self._source == TINY else Path(self._source).name or self._source)
         self._device, self._dtype, self._cache_dir = device, dtype, cache_dir
         self.max_batch_size, self.max_new_tokens, self.batch_wait_ms = max_batch_size, max_new_tokens, batch_wait_ms
+        self.max_batch_wait_ms = max(max_batch_wait_ms, batch_wait_ms)
         self._max_context_arg, self._seed, self._torch_threads = max_context, seed, torch_threads
         self._chat_template = chat_template
         self._adapters = AgentAdapters(list(adapters), lora, self._served_name) if adapters else None
@@ -212,16 +217,22 @@ class EmbeddedEngine(Engine):
                 self._thread.start()
 
     def _serve(self) -> None:
-        """The worker thread: gather a batch, run it, hand results back to each caller's loop."""
+        """The worker thread: gather a batch, run it, hand results back to each caller's loop.
+
+        Concurrent requests arrive one by one (each prompt is rendered and encoded first): the batch
+        takes requests while they keep coming, `batch_wait_ms` apart at most, for at most
+        `max_batch_wait_ms`; a batch generates together to its end, so a request that just misses
+        it waits for the whole batch."""
         while True:
             first = self._queue.get()
             if first is None:
                 return
             jobs, stop = [first], False
-            deadline = time.monotonic() + self.batch_wait_ms / 1000
+            cap = time.monotonic() + self.max_batch_wait_ms / 1000
             while len(jobs) < self.max_batch_size:
+                wait = min(self.batch_wait_ms / 1000, cap - time.monotonic())
                 try:
-                    job = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
+                    job = self._queue.get(timeout=max(wait, 0.0))
                 except queue.Empty:
                     break
                 if job is None:

@@ -124,6 +124,7 @@ class LiteLLMEngine(Engine):
             if self._tokenizer is None:
                 from alight.models.chat_templates import load_tokenizer
 
+                assert self._tokenizer_path is not None  # only called when the config names a tokenizer
                 try:
                     self._tokenizer = load_tokenizer(self._tokenizer_path, self._chat_template)
                 except (OSError, ValueError) as err:

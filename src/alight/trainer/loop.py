@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from alight.errors import ConfigError, TrainingError
 from alight.trainer import checkpoint as ckpt
 from alight.trainer.checkpoint import seed_everything
 from alight.trainer.events import Watchers
+from alight.trainer.interrupt import GracefulStop
 from alight.trainer.result import FitResult
 from alight.trainer.run_dir import BACKEND_DIR, BASE_MODEL_DIR
 from alight.trainer.sampler import demonstration_batches
@@ -71,6 +72,7 @@ class RLLoop:
         self.base_dir: Path | None = None
         self.warm_start_metrics: dict[str, float] = {}  # logged with step 0
         self.resume_state: tuple[Path, dict[str, Any], Any] | None = None  # checkpoint, its state and RNG
+        self.interrupt = GracefulStop()  # SIGINT / SIGTERM: checkpoint, then stop
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> FitResult:
@@ -94,20 +96,50 @@ class RLLoop:
             if self.resume:
                 self._resume_point()
             self._announce()
-            served = self._prepare_policy()
-            try:
-                self._train(served)
-            except KeyboardInterrupt:
-                stopped = True
-                logger.warning("interrupted at step %d: saving a checkpoint to resume from", self.step)
-                if self.step > self.saved_step and self.step > 0:
-                    self._save()
+            with self.interrupt:
+                try:
+                    self._train(self._prepare_policy())
+                except KeyboardInterrupt:
+                    stopped = True
+                stopped = stopped or self.interrupt.requested is not None
+                if stopped:
+                    self._save_on_stop()
             return self._finish(stopped)
         finally:
             if self.backend is not None:
                 self.backend.close()
             logging.getLogger("alight").removeHandler(handler)
             handler.close()
+
+    def _save_on_stop(self) -> None:
+        """The checkpoint of the last completed step, unless it is written already (or step 0 of a
+        run without a warm start: nothing to resume from)."""
+        logger.warning("stopped at step %d", self.step)
+        if self.step > self.saved_step and self.step > 0 and self.backend is not None:
+            self._save()
+
+    async def _interruptible(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run the asyncio part of the run; the first SIGINT/SIGTERM cancels it unless an update is
+        running (then the loop stops after it); see `alight.trainer.interrupt`."""
+        task, loop = asyncio.current_task(), asyncio.get_running_loop()
+        assert task is not None
+
+        def cancel() -> None:
+            if not self.interrupt.updating:
+                task.cancel()
+
+        self.interrupt.arm(lambda: loop.call_soon_threadsafe(cancel))
+        try:
+            await work
+        except asyncio.CancelledError:
+            if self.interrupt.requested is None:
+                raise
+        finally:
+            self.interrupt.arm(None)
+
+    def _stopping(self) -> bool:
+        """Whether a signal asked the run to stop (after the step that just ended)."""
+        return self.interrupt.requested is not None
 
     def _finish(self, stopped: bool) -> FitResult:
         rows = self.metrics_log.rows()
@@ -123,6 +155,8 @@ class RLLoop:
             val_reward_end=val[-1] if val else None,
             stopped=stopped,
             png=png if png.is_file() else None,
+            signal=self.interrupt.name,
+            checkpoint=latest[1] if (latest := ckpt.latest_checkpoint(self.run_dir)) else None,
         )
         self.events.on_end(
             {
@@ -290,7 +324,7 @@ class RLLoop:
         stack_cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, model=str(served)))
         self.events.on_stage("starting store, engine and runners", 0, 1)
         with LocalStack(stack_cfg, self.run_dir, weights_version=self.step) as stack:
-            asyncio.run(self._steps(stack))
+            asyncio.run(self._interruptible(self._steps(stack)))
 
     async def _steps(self, stack: Any) -> None:
         from alight.algorithms.lightning import LightningRL
@@ -311,14 +345,17 @@ class RLLoop:
                 if self.val_rows:
                     metrics.update(await self._validate(rollouts, 0))
                 self._log(metrics)
-            while self.step < self.total_steps:
+            while self.step < self.total_steps and not self._stopping():
                 step = self.step + 1
-                metrics = await self._train_step(rollouts, rl, sampler, step)
-                self.step, self.position = step, sampler.position
+                try:
+                    metrics = await self._train_step(rollouts, rl, sampler, step)
+                    self.step, self.position = step, sampler.position
+                finally:
+                    self.interrupt.updating = False  # set before the update: weights and step move together
                 if self.val_rows and (step == self.total_steps or (t.val_every and step % t.val_every == 0)):
-                    metrics.update(await self._validate(rollouts, step))
+                    metrics.update(await self._validate_unless_stopped(rollouts, step))
                 self._log(metrics)
-                if step == self.total_steps or (t.save_every and step % t.save_every == 0):
+                if step == self.total_steps or (t.save_every and step % t.save_every == 0) or self._stopping():
                     self._save()
         finally:
             await store.close()
@@ -350,6 +387,7 @@ class RLLoop:
 
         clock = time.monotonic()
         update: dict[str, float] = {}
+        self.interrupt.updating = True  # a signal from here on lets the step end (the loop clears it)
         if batch is None:
             self.events.on_error(f"step {step}: no transitions to train on (no succeeded rollout with an LLM call)")
         else:
@@ -384,6 +422,20 @@ class RLLoop:
             metrics["adapter/truncated"] = stats.prompts_truncated + stats.responses_truncated
         metrics["timing/step_s"] = time.monotonic() - started
         return metrics
+
+    async def _validate_unless_stopped(self, rollouts: Any, step: int) -> dict[str, Any]:
+        """`_validate`, skipped or cut short (no val metrics) when a signal asks the run to stop."""
+        if self._stopping():
+            return {}
+        try:
+            return await self._validate(rollouts, step)
+        except asyncio.CancelledError:
+            if not self._stopping():
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return {}
 
     async def _validate(self, rollouts: Any, step: int) -> dict[str, Any]:
         from alight.data import task_input

@@ -16,5 +16,7 @@ class FitResult:
     metrics: list[dict[str, Any]]  # one dict per step, as in metrics.jsonl
     val_reward_start: float | None  # val/reward_mean at step 0 (after the warm start)
     val_reward_end: float | None  # the last val/reward_mean
-    stopped: bool  # interrupted (Ctrl-C) before the last step
+    stopped: bool  # interrupted (Ctrl-C, SIGTERM) before the last step
     png: Path | None
+    signal: str | None = None  # the signal that stopped the run: SIGINT | SIGTERM (None: Ctrl-C before the loop ran)
+    checkpoint: Path | None = None  # the newest checkpoint (what --resume continues from)

@@ -106,12 +106,16 @@ class SFTLoop(RLLoop):
             batches = demonstration_batches(self.transitions, size, self._pad_id(), t.seed)
             for _ in range(self.step):  # a resumed run goes on with the batches it had not trained on
                 next(batches)
-            while self.step < self.total_steps:
+            while self.step < self.total_steps and not self._stopping():
                 step = self.step + 1
                 started = time.monotonic()
                 batch = next(batches)
-                update = await asyncio.to_thread(step_fn, batch)
-                self.step, self.position = step, self.position + len(batch)
+                self.interrupt.updating = True  # a signal lets this step end, then the run stops
+                try:
+                    update = await asyncio.to_thread(step_fn, batch)
+                    self.step, self.position = step, self.position + len(batch)
+                finally:
+                    self.interrupt.updating = False
                 metrics = {
                     "step": step,
                     "epoch": round(self.position / len(self.transitions), 3),
@@ -122,10 +126,10 @@ class SFTLoop(RLLoop):
                 }
                 if self.val_rows and (step == self.total_steps or (t.val_every and step % t.val_every == 0)):
                     await rollouts.serve(backend.engine_weights(), step)
-                    metrics.update(await self._validate(rollouts, step))
+                    metrics.update(await self._validate_unless_stopped(rollouts, step))
                 metrics["timing/step_s"] = time.monotonic() - started
                 self._log(metrics)
-                if step == self.total_steps or (t.save_every and step % t.save_every == 0):
+                if step == self.total_steps or (t.save_every and step % t.save_every == 0) or self._stopping():
                     self._save()
         finally:
             await store.close()
