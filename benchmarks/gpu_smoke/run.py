@@ -79,6 +79,7 @@ def train(work: Path, args: argparse.Namespace, engine: str, timeout_s: float) -
         f"trainer.steps={args.steps}", "trainer.val_every=0", f"trainer.output_dir={out_dir}", "--no-dashboard",
         # small steps: the check proves the path, it does not train (validation runs at step 0 and the end)
         "data.val_size=4", "trainer.batch_size=2", "trainer.group_size=4", "trainer.save_every=0",
+        "algorithm.micro_batch_size=8",  # `auto` (the smol configs') is the embedded backend's only
         *args.override,
     ]  # fmt: skip
     started = time.monotonic()
