@@ -124,7 +124,7 @@ def main() -> None:
 
     if "verl" in cases or "verl_bare" in cases:
         from alight.backends.verl.backend import SEQUENCE_KEYS, VerlBackend
-        from alight.backends.verl.batch import to_data_proto, update_layout
+        from alight.backends.verl.batch import to_data_proto
 
         cfg = ExperimentConfig(algorithm=algorithm)
         cfg = replace(cfg, trainer=replace(cfg.trainer, backend="verl", device="cuda"))
@@ -138,7 +138,7 @@ def main() -> None:
                 bare_inputs = []
                 for b in batches:  # what alight's step sends update_actor, built outside the timing
                     data = to_data_proto(b, temperature=backend.temperature)
-                    mini, rows = update_layout(len(b), algorithm.mini_batch_size, backend._world_size())
+                    mini, rows = backend._update_layout(len(b))
                     meta = {"global_batch_size": mini, "mini_batch_size": mini, "epochs": 1, "seed": 0}
                     meta.update(dataloader_kwargs={"shuffle": False}, calculate_entropy=True, compute_loss=True)
                     keys = (*SEQUENCE_KEYS, "old_log_probs", "advantages")

@@ -110,16 +110,41 @@ GPU_SETS = [
 ]
 
 
+def smoke_wheels(tmp: Path) -> list[dict[str, Any]]:
+    """The offline GPU smoke check's wheel list (benchmarks/gpu_smoke/prepare.py's resolve, no download)."""
+    if Version(importlib.metadata.version("pip")) < Version(PIP):
+        pytest.skip(f"needs pip>={PIP} (README's test command installs it): older ones download every wheel")
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu_smoke"))
+    import prepare
+
+    return prepare.resolve(tmp, vllm=False)  # type: ignore[no-any-return]
+
+
 @pytest.fixture(scope="module")
-def gpu_resolutions(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Future[dict[str, Any]]]:
-    """Both GPU sets' dry runs, started together: each waits on PyPI most of its minute."""
-    pool = ThreadPoolExecutor(max_workers=len(GPU_SETS))
-    futures = {
+def gpu_resolutions(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Future[Any]]:
+    """Both GPU sets' dry runs and the smoke check's, started together: each waits on PyPI most of its minute."""
+    pool = ThreadPoolExecutor(max_workers=len(GPU_SETS) + 1)
+    futures: dict[tuple[str, str], Future[Any]] = {
         (name, python): pool.submit(dry_run, tmp_path_factory.mktemp(name), python, f"{ROOT}[{name}]")
         for name, python in GPU_SETS
     }
+    futures[("smoke", "3.12")] = pool.submit(smoke_wheels, tmp_path_factory.mktemp("smoke"))
     pool.shutdown(wait=False)
     return futures
+
+
+@pytest.mark.slow
+def test_the_smoke_checks_wheels_resolve_for_python_312_beside_torch_211(
+    gpu_resolutions: dict[tuple[str, str], Future[Any]],
+) -> None:
+    """What benchmarks/gpu_smoke/prepare.py would download for the GPU machine: binary wheels only,
+    verl's set at the pins, and not torch or NVIDIA's libraries (that machine has them)."""
+    wheels = gpu_resolutions[("smoke", "3.12")].result()
+    versions = {w["name"]: w["version"] for w in wheels}
+    assert versions["verl"] == "0.9.1" and versions["ray"] == "2.60.0" and versions["tensordict"] == "0.10.0"
+    assert versions["transformers"] == "5.9.0"
+    assert not any(name.startswith(("torch", "nvidia-", "triton")) for name in versions)
+    assert all(w["url"].endswith(".whl") for w in wheels)  # nothing to build on the offline machine
 
 
 @pytest.mark.slow

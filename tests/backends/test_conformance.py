@@ -7,8 +7,9 @@ those weights, fed each row's real tokens alone (no padding, no batch layout), l
 So a backend whose log-probs are off by one position, whose entropy bonus or KL penalty has the
 wrong sign, or whose on-policy ratio is not 1 fails here, whatever its own unit tests say.
 
-`embedded` runs on CPU (and on CUDA when there is one); `verl` needs a GPU and `alight[verl]` and
-is skipped cleanly without them.
+`embedded` runs on CPU (and on CUDA when there is one); `verl` runs verl's real FSDP workers on CPU
+(`verl.trainer.device: cpu`, float32) with `alight[verl]`, and `verl-cuda` needs a GPU too; each is
+skipped cleanly without what it needs.
 """
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def _verl_installed() -> bool:
+    return all(importlib.util.find_spec(m) for m in ("verl", "ray", "tensordict"))
+
+
 def _verl_ready() -> bool:
-    return _cuda() and all(importlib.util.find_spec(m) for m in ("verl", "ray", "vllm"))
+    return _cuda() and _verl_installed() and importlib.util.find_spec("vllm") is not None
 
 
 BACKENDS = [
@@ -46,8 +51,13 @@ BACKENDS = [
         marks=[pytest.mark.gpu, pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")],
     ),
     pytest.param(
-        ("verl", "cuda"),
+        ("verl", "cpu"),
         id="verl",
+        marks=[pytest.mark.slow, pytest.mark.skipif(not _verl_installed(), reason='needs pip install "alight[verl]"')],
+    ),
+    pytest.param(
+        ("verl", "cuda"),
+        id="verl-cuda",
         marks=[
             pytest.mark.gpu,
             pytest.mark.slow,
@@ -65,12 +75,19 @@ def make(
 ) -> Any:  # yields a Make
     name, device = request.param
     made: list[Backend] = []
+    verl: dict[str, Any] = {}
+    if name == "verl" and device == "cpu":  # verl's workers on CPU: float32 FSDP, no torch.compile
+        request.getfixturevalue("verl_ray")
+        verl = {"trainer": {"device": "cpu"}}
 
     def build(model_dir: Path = tiny_dir, **algorithm: Any) -> Backend:
         algorithm.setdefault("lr", 1e-3)
         cfg = ExperimentConfig(
             algorithm=AlgorithmConfig(**algorithm),
-            trainer=TrainerConfig(backend=name, device=device, seed=0, output_dir=str(tmp_path)),
+            trainer=TrainerConfig(
+                backend=name, device=device if name == "embedded" else "cpu", seed=0, output_dir=str(tmp_path)
+            ),
+            verl=verl,
         )
         backend = make_backend(cfg, model_dir)
         made.append(backend)

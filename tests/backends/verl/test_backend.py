@@ -60,8 +60,9 @@ class StandIn:
 
     world_size = WORLD
 
-    def __init__(self, name: str, calls: list[Call]) -> None:
+    def __init__(self, name: str, calls: list[Call], micro: dict[str, int] | None = None) -> None:
         self.name, self.calls = name, calls
+        self.micro = micro or {}  # method -> micro_batch_size_per_gpu, as verl's worker reads it
         self.inputs: dict[str, list[Any]] = {}
         self.args: dict[str, list[tuple[Any, ...]]] = {}
 
@@ -69,6 +70,9 @@ class StandIn:
         self.calls.append((self.name, method))
         if data is not None:
             assert len(data) % WORLD == 0, f"{method}: {len(data)} rows do not split over {WORLD} ranks"
+            # verl's fixed micro-batching (prepare_micro_batches): each rank's rows divide by the micro size
+            unit = WORLD * self.micro.get(method, 1)
+            assert method == "update_actor" or len(data) % unit == 0, f"{method}: {len(data)} rows, unit {unit}"
             self.inputs.setdefault(method, []).append(data)
         self.args.setdefault(method, []).append(args)
 
@@ -82,8 +86,8 @@ class StandIn:
 class StandInActor(StandIn):
     """verl's `ActorRolloutRefWorker` group (role actor or ref) with the tiny model on CPU."""
 
-    def __init__(self, name: str, calls: list[Call], model: Any) -> None:
-        super().__init__(name, calls)
+    def __init__(self, name: str, calls: list[Call], model: Any, micro: dict[str, int] | None = None) -> None:
+        super().__init__(name, calls, micro)
         self.model = model
 
     def init_model(self) -> None:
@@ -117,6 +121,7 @@ class StandInActor(StandIn):
         self._record("update_actor", data)
         mini = tu.get(data, "mini_batch_size")
         assert mini % WORLD == 0 and len(data) % mini == 0
+        assert (mini // WORLD) % self.micro.get("update_actor", 1) == 0, "a rank's mini-batch splits into micro-batches"
         metrics = {  # the shape verl's train_mini_batch returns (lists per micro-batch, Metric sums)
             "actor/pg_loss": metric(AggregationType.SUM, [0.25, 0.5]),
             "actor/pg_clipfrac": [0.1, 0.3],
@@ -184,9 +189,15 @@ class Cluster:
 
     def __call__(self, verl_config: Any, *, use_ref: bool, use_critic: bool) -> WorkerGroups:
         self.asked = {"use_ref": use_ref, "use_critic": use_critic}
+        config = verl_config.actor_rollout_ref
+        micro = {  # what verl's ActorRolloutRefWorker.init_model hands its engines
+            "compute_log_prob": int(config.rollout.log_prob_micro_batch_size_per_gpu),
+            "compute_ref_log_prob": int(config.ref.log_prob_micro_batch_size_per_gpu),
+            "update_actor": int(config.actor.ppo_micro_batch_size_per_gpu),
+        }
         self.groups = WorkerGroups(
-            actor=StandInActor("actor", self.calls, self.actor_model),
-            ref=StandInActor("ref", self.calls, self.ref_model) if use_ref else None,
+            actor=StandInActor("actor", self.calls, self.actor_model, micro),
+            ref=StandInActor("ref", self.calls, self.ref_model, micro) if use_ref else None,
             critic=StandInCritic("critic", self.calls) if use_critic else None,
             release=self._kill,
         )
@@ -216,6 +227,7 @@ def models(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[An
 
 
 def config(**algorithm: Any) -> ExperimentConfig:
+    algorithm.setdefault("micro_batch_size", 1)  # padding to the world only; micro sizes: their own test
     return ExperimentConfig(algorithm=AlgorithmConfig(**algorithm))
 
 
@@ -406,6 +418,24 @@ def test_verl_estimator_when_the_verl_block_names_one(tiny_dir: Path, models: An
     )
     (data,) = cluster.actor.inputs["update_actor"]
     torch.testing.assert_close(data["advantages"][:6], expected, atol=1e-6, rtol=1e-6)
+
+
+def test_rows_are_padded_to_whole_micro_batches_on_every_rank(tiny_dir: Path, models: Any, tmp_path: Path) -> None:
+    """The GPU bug: rows padded to the world only fail verl's fixed micro-batching ("data size must
+    be divisible by force_group_size * micro_batch_size_per_gpu") when a rank's rows are not a
+    multiple of the micro size: 5 rows on 2 ranks with micro 2 need 8 (each rank 2 micro-batches)."""
+    from verl.utils import tensordict_utils as tu
+
+    backend, cluster = make(config(micro_batch_size=2), tiny_dir, models, tmp_path)
+    batch = batch_of(5, missing=(0, 3, 4))
+    backend.update(batch)
+    (asked,) = cluster.actor.inputs["compute_log_prob"]
+    assert len(asked) == 4  # 3 rows without log-probs -> 2 ranks x 1 micro-batch of 2
+    (data,) = cluster.actor.inputs["update_actor"]
+    assert len(data) == 8 and tu.get(data, "mini_batch_size") == 8
+    # the added rows carry no loss: no response token counts, no advantage
+    assert data["response_mask"][5:].sum() == 0 and data["advantages"][5:].abs().sum() == 0
+    assert data["response_mask"][:5].sum() == batch.response_mask.sum()
 
 
 def test_mini_batches_are_whole_multiples_of_the_world(tiny_dir: Path, models: Any, tmp_path: Path) -> None:

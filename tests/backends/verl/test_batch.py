@@ -171,8 +171,18 @@ def test_padding_to_a_multiple_and_back(batch: TransitionBatch, k: int, pad: int
     copies, _ = vb.pad_to_multiple(data, k, masked=False)
     for key in vb.MASKED_ON_PADDING:
         assert padded.batch[key][len(data) :].abs().sum() == 0
-        assert torch.equal(copies.batch[key][len(data) :], data.batch[key][:pad])
+        if key != "response_mask":
+            assert torch.equal(copies.batch[key][len(data) :], data.batch[key][:pad])
     assert torch.equal(padded.batch["input_ids"][len(data) :], data.batch["input_ids"][:pad])
+    # an added row keeps 2 tokens (the prompt's last, the response's first): verl drops the rest
+    width = data.batch["prompts"].shape[1]
+    for added in (padded, copies) if pad else ():
+        attention = added.batch["attention_mask"][len(data) :]
+        assert torch.equal(attention.sum(1), torch.full((pad,), 2)) and attention[:, width - 1 : width + 1].all()
+        assert torch.equal(
+            added.batch["position_ids"][len(data) :, width - 1 : width + 1], torch.tensor([[0, 1]] * pad)
+        )
+    assert copies.batch["response_mask"][len(data) :].sum() == pad
     back = vb.unpad(padded, pad_size)
     for key in sorted(data.batch.keys()):
         assert torch.equal(back.batch[key], data.batch[key])
@@ -203,10 +213,20 @@ def test_masked_padding_changes_token_mean_not_at_all_and_seq_means_by_rows(batc
 
 
 @pytest.mark.parametrize(
-    ("rows", "mini", "world", "expected"),
-    [(6, None, 1, (6, 6)), (6, None, 4, (8, 8)), (10, 4, 2, (4, 12)), (10, 3, 2, (4, 12)), (5, 16, 1, (5, 5))],
+    ("rows", "mini", "world", "micro", "expected"),
+    [
+        (6, None, 1, 1, (6, 6)),
+        (6, None, 4, 1, (8, 8)),
+        (10, 4, 2, 1, (4, 12)),
+        (10, 3, 2, 1, (4, 12)),
+        (5, 16, 1, 1, (5, 5)),
+        (5, None, 1, 2, (6, 6)),  # one rank: 5 rows are not whole micro-batches of 2
+        (5, None, 2, 2, (8, 8)),  # two ranks of 4 rows, 2 micro-batches each
+        (12, 4, 2, 3, (6, 12)),  # a step of 4 rows is 2 per rank, not a micro-batch of 3: 6
+        (3, None, 2, 8, (16, 16)),
+    ],
 )
-def test_update_layout(rows: int, mini: int | None, world: int, expected: tuple[int, int]) -> None:
-    step, padded = vb.update_layout(rows, mini, world)
+def test_update_layout(rows: int, mini: int | None, world: int, micro: int, expected: tuple[int, int]) -> None:
+    step, padded = vb.update_layout(rows, mini, world, micro)
     assert (step, padded) == expected
-    assert step % world == 0 and padded % step == 0 and padded >= rows
+    assert (step // world) % micro == 0 and step % world == 0 and padded % step == 0 and padded >= rows

@@ -258,3 +258,49 @@ def _sampling(temperature: float) -> Any:
     from alight.config.schema import SamplingConfig
 
     return SamplingConfig(temperature=temperature)
+
+
+# -- verl on CPU -------------------------------------------------------------------------------------
+CPU = {"trainer": {"device": "cpu"}}
+
+
+def test_the_cpu_device_forces_fsdp2_and_defaults_to_float32_without_compile(experiment: Any, tmp_path: Path) -> None:
+    from verl.utils.config import omega_conf_to_dataclass
+
+    built = build(experiment, tmp_path, algorithm={"name": "ppo"}, verl=CPU)
+    assert built.trainer.device == "cpu"
+    assert {OmegaConf.select(built, key) for key in vc.STRATEGY_KEYS} == {"fsdp2"}
+    actor = built.actor_rollout_ref.actor
+    assert actor.use_torch_compile is False and actor.fsdp_config.use_torch_compile is False
+    assert built.actor_rollout_ref.ref.use_torch_compile is False and built.critic.fsdp.use_torch_compile is False
+    engine = omega_conf_to_dataclass(actor.fsdp_config)  # the field verl's FSDP engine reads
+    assert engine.mixed_precision == vc.CPU_PRECISION and engine.strategy == "fsdp2"
+    gpu = build(experiment, tmp_path)  # nothing of it on the GPU path
+    assert gpu.trainer.device == "cuda" and gpu.actor_rollout_ref.actor.strategy == "fsdp"
+    assert "mixed_precision" not in gpu.actor_rollout_ref.actor.fsdp_config
+
+
+def test_fsdp1_on_cpu_is_a_one_line_config_error(experiment: Any, tmp_path: Path) -> None:
+    verl = {**CPU, "critic": {"strategy": "fsdp"}}
+    with pytest.raises(ConfigError, match=r"^verl\.critic\.strategy must be fsdp2 with verl\.trainer\.device cpu"):
+        build(experiment, tmp_path, algorithm={"name": "ppo"}, verl=verl)
+
+
+def test_mixed_precision_is_a_key_of_verls_fsdp_config_the_yaml_leaves_out(experiment: Any, tmp_path: Path) -> None:
+    precision = {"param_dtype": "bf16", "reduce_dtype": "fp32"}
+    verl = {"actor_rollout_ref": {"actor": {"fsdp_config": {"mixed_precision": precision}}}}
+    built = build(experiment, tmp_path, verl=verl)
+    assert OmegaConf.to_container(built.actor_rollout_ref.actor.fsdp_config.mixed_precision) == precision
+    typo = {"actor_rollout_ref": {"actor": {"fsdp_config": {"mixed_precisio": precision}}}}
+    with pytest.raises(ConfigError, match=r"did you mean actor_rollout_ref\.actor\.fsdp_config\.mixed_precision\?"):
+        build(experiment, tmp_path, verl=typo)
+
+
+def test_the_cpu_backend_needs_no_cuda_and_names_its_platform_module(experiment: Any) -> None:
+    import importlib.util
+
+    from alight.backends.verl.backend import VerlBackend
+
+    VerlBackend.check_config(experiment(trainer={"backend": "verl"}, warm_start={"steps": 0}, verl=CPU))
+    module = vc.CPU_WORKER_ENV["VERL_USE_EXTERNAL_MODULES"]
+    assert importlib.util.find_spec(module) is not None and vc.CPU_WORKER_ENV["VERL_PLATFORM"] == vc.CPU_PLATFORM

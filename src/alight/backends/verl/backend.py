@@ -14,14 +14,16 @@ does, step by step, on alight's `TransitionBatch` converted to verl's `DataProto
 4. the actor's update (`update_actor`), its metrics renamed into alight's.
 
 Each worker call gets verl's no-padding TensorDict (`left_right_2_no_padding`), its rows padded to a
-multiple of the data-parallel world (and of the mini-batch) with rows that carry no loss.
+multiple of the data-parallel world times the call's micro-batch (verl's fixed micro-batching
+asserts that each rank's rows divide by it), and of the mini-batch, with rows that carry no loss.
 `engine_weights()` is a servable Hugging Face directory the actor writes (full weights gathered
 from the FSDP shards, LoRA merged), which alight's vLLM engine reloads. verl's checkpoints (FSDP
 shards, optimizer, scheduler, RNG of every rank) go under `<checkpoint>/verl/`.
 
 No warm start: GPU models are pretrained (the warm start belongs to the embedded tiny-model demo),
 so `warm_start.steps > 0` is refused at `check_config`, as are `algorithm.name: sft` and a machine
-without CUDA (unless `RAY_ADDRESS` names a cluster whose nodes have the GPUs).
+without CUDA (unless `RAY_ADDRESS` names a cluster whose nodes have the GPUs, or
+`verl.trainer.device: cpu` runs the same workers on CPU through `cpu_platform`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -106,12 +109,16 @@ class VerlBackend:
             )
         if cfg.warm_start.steps > 0:
             raise ConfigError(NO_WARM_START)
+        from alight.backends.verl.config import CPU, verl_device
+
+        if verl_device(cfg) == CPU:  # verl's workers on this machine's CPUs (cpu_platform)
+            return
         import torch
 
         if not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):
             raise ConfigError(
                 "trainer.backend verl needs CUDA GPUs (verl's FSDP workers run on CUDA) and this machine has "
-                "none; set RAY_ADDRESS to a GPU Ray cluster, or use trainer.backend=embedded"
+                "none; set RAY_ADDRESS to a GPU Ray cluster, verl.trainer.device=cpu, or trainer.backend=embedded"
             )
 
     @classmethod
@@ -219,7 +226,7 @@ class VerlBackend:
 
     def update(self, batch: TransitionBatch) -> dict[str, float]:
         """One update on `batch` (see the module docstring for the steps); metrics in alight's names."""
-        from alight.backends.verl.batch import to_data_proto, update_layout
+        from alight.backends.verl.batch import to_data_proto
 
         self._fill_old_log_probs(batch)
         data = to_data_proto(batch, temperature=self.temperature)
@@ -229,7 +236,7 @@ class VerlBackend:
             data.batch["values"] = self._values(data)
         if self.estimator is not None:
             data.batch["advantages"], data.batch["returns"] = self._verl_advantages(data)
-        mini, rows = update_layout(len(batch), self.cfg.algorithm.mini_batch_size, self._world_size())
+        mini, rows = self._update_layout(len(batch))
         metrics: dict[str, float] = {}
         if self.use_critic:
             metrics.update(self._update_critic(data, mini, rows))
@@ -296,22 +303,28 @@ class VerlBackend:
         if reference and not self.ref_in_actor:
             assert self.workers.ref is not None
             call = self.workers.ref.compute_ref_log_prob
+            micro = self._micro_rows("ref")
         else:
             call = self.workers.actor.compute_log_prob
-        return self._infer(call, data, "log_probs", meta)
+            micro = self._micro_rows("actor_infer")
+        return self._infer(call, data, "log_probs", meta, micro)
 
     def _values(self, data: DataProto) -> torch.Tensor:
         """[B, R] the critic's values of the response tokens."""
         assert self.workers.critic is not None
-        return self._infer(self.workers.critic.infer_batch, data, "values", {"compute_loss": False})
+        call = self.workers.critic.infer_batch
+        return self._infer(call, data, "values", {"compute_loss": False}, self._micro_rows("critic_infer"))
 
-    def _infer(self, call: Callable[[Any], Any], data: DataProto, key: str, meta: dict[str, Any]) -> torch.Tensor:
-        """A forward-only worker call on `data` (rows padded to the world, outputs of padding dropped)."""
+    def _infer(
+        self, call: Callable[[Any], Any], data: DataProto, key: str, meta: dict[str, Any], micro: int
+    ) -> torch.Tensor:
+        """A forward-only worker call on `data`, its rows padded to a multiple of the world size
+        times the call's micro-batch (`micro`) and the padding's outputs dropped."""
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
         rows = len(data)
-        inputs = self._worker_input(data, SEQUENCE_KEYS, self._world_size(), meta, masked=False)
+        inputs = self._worker_input(data, SEQUENCE_KEYS, self._world_size() * micro, meta, masked=False)
         output = _wait(call(inputs))
         return no_padding_2_padding(tu.get(output, key), inputs)[:rows].float()
 
@@ -363,6 +376,40 @@ class VerlBackend:
     # -- worker input -----------------------------------------------------------------------------
     def _world_size(self) -> int:
         return int(self.workers.actor.world_size)
+
+    def _micro_rows(self, call: str) -> int:
+        """Rows per micro-batch of one rank in a worker call (`actor_infer`, `actor_update`, `ref`,
+        `critic_infer`, `critic_update`), as verl's workers read it; 1 with dynamic batch sizes
+        (verl then splits by tokens, with no divisibility to meet)."""
+        config = self.verl_config.actor_rollout_ref
+        if call.startswith("critic"):
+            from alight.backends.verl.workers import critic_config
+
+            engine = critic_config(self.verl_config).engine
+            dynamic = bool(engine.use_dynamic_bsz)
+            micro = engine.infer_micro_batch_size_per_gpu if call == "critic_infer" else engine.micro_batch_size_per_gpu
+        elif call == "ref" and not self.ref_in_actor:
+            dynamic = bool(config.ref.get("log_prob_use_dynamic_bsz", False))
+            micro = config.ref.get("log_prob_micro_batch_size_per_gpu")
+        else:
+            dynamic = bool(config.actor.use_dynamic_bsz)
+            update = call == "actor_update"
+            micro = (
+                config.actor.ppo_micro_batch_size_per_gpu
+                if update
+                else config.rollout.log_prob_micro_batch_size_per_gpu
+            )
+        return 1 if dynamic or not micro else int(micro)
+
+    def _update_layout(self, rows: int) -> tuple[int, int]:
+        """(rows per optimizer step, rows after padding) of an update on `rows` rows: the step a
+        multiple of every updating worker's world size x micro-batch (`batch.update_layout`)."""
+        from alight.backends.verl.batch import update_layout
+
+        micro = self._micro_rows("actor_update")
+        if self.use_critic:
+            micro = math.lcm(micro, self._micro_rows("critic_update"))
+        return update_layout(rows, self.cfg.algorithm.mini_batch_size, self._world_size(), micro)
 
     def _worker_input(
         self, data: DataProto, keys: tuple[str, ...], multiple: int, meta: dict[str, Any], *, masked: bool

@@ -84,18 +84,24 @@ def to_data_proto(batch: TransitionBatch, *, temperature: float = 1.0) -> DataPr
     return data
 
 
-def update_layout(rows: int, mini_batch_size: int | None, world_size: int) -> tuple[int, int]:
+def update_layout(
+    rows: int, mini_batch_size: int | None, world_size: int, micro_batch_size: int = 1
+) -> tuple[int, int]:
     """(rows per optimizer step, rows after padding) for an update of `rows` transitions.
 
-    verl's `train_mini_batch` needs the step's rows divisible by the data-parallel size and every
-    rank's rows divisible by its share of a step: so the step size is alight's `mini_batch_size`
-    (None: all rows) rounded up to a multiple of `world_size`, and the batch is padded to a
-    multiple of it.
+    verl's `train_mini_batch` splits a step's rows evenly over the data-parallel ranks, and with
+    fixed micro-batches (no dynamic batch size) asserts that each rank's share of a step divides
+    by `micro_batch_size` (`micro_batch_size_per_gpu`): so the step size is alight's
+    `mini_batch_size` (None: all rows) rounded up to a multiple of `world_size * micro_batch_size`,
+    and the batch is padded to a multiple of it.
     """
-    if rows < 1 or world_size < 1:
-        raise ValueError(f"rows and world_size must be at least 1, got {rows} and {world_size}")
+    if rows < 1 or world_size < 1 or micro_batch_size < 1:
+        raise ValueError(
+            f"rows, world_size and micro_batch_size must be at least 1, got {rows}, {world_size}, {micro_batch_size}"
+        )
+    unit = world_size * micro_batch_size
     mini = min(mini_batch_size or rows, rows)
-    mini = math.ceil(mini / world_size) * world_size
+    mini = math.ceil(mini / unit) * unit
     return mini, math.ceil(rows / mini) * mini
 
 
@@ -105,16 +111,38 @@ def pad_to_multiple(data: DataProto, k: int, *, masked: bool = True) -> tuple[Da
 
     With `masked` (for updates) the added rows' response_mask, advantages and token rewards are 0,
     so a token-mean loss is unchanged; seq-mean losses divide by rows, padding included. Without
-    it (for log-prob and value passes) they are plain copies whose outputs `unpad` drops.
+    it (for log-prob and value passes) their outputs are dropped (`unpad`). Either way an added
+    row keeps 2 tokens (`shrink_rows`): verl drops padding tokens before the forward pass, so a
+    batch padded to whole micro-batches costs little more than the rows it really has.
     """
     from verl.protocol import pad_dataproto_to_divisor
 
     padded, pad_size = pad_dataproto_to_divisor(data, k)
-    if masked and pad_size:
-        for key in MASKED_ON_PADDING:
-            if key in padded.batch:
-                padded.batch[key][-pad_size:] = 0
+    if pad_size:
+        shrink_rows(padded.batch, slice(len(padded) - pad_size, None))
+        if masked:
+            for key in MASKED_ON_PADDING:
+                if key in padded.batch:
+                    padded.batch[key][-pad_size:] = 0
     return padded, pad_size
+
+
+def shrink_rows(tensors: Any, rows: slice) -> None:
+    """Leave `rows` 2 real tokens, the prompt's last and the response's first (attention_mask,
+    position_ids 0 and 1, response_mask on that one response token); needs `responses`."""
+    if "responses" not in tensors or "attention_mask" not in tensors:
+        return
+    attention = tensors["attention_mask"]
+    prompt_width = attention.shape[1] - tensors["responses"].shape[1]
+    attention[rows] = 0
+    attention[rows, prompt_width - 1 : prompt_width + 1] = 1
+    if "position_ids" in tensors and tensors["position_ids"].dim() == 2:
+        positions = tensors["position_ids"]
+        positions[rows] = 0
+        positions[rows, prompt_width] = 1
+    if "response_mask" in tensors:
+        tensors["response_mask"][rows] = 0
+        tensors["response_mask"][rows, 0] = 1
 
 
 def unpad(data: DataProto, pad_size: int) -> DataProto:

@@ -36,8 +36,8 @@ Mapping (`actor.` is `actor_rollout_ref.actor.`, `model.` is `actor_rollout_ref.
 | | `model.lora.merge: true` (the engine gets merged weights); `lora.dropout` has no FSDP counterpart |
 | `trainer.seed` | `data_loader_seed` of actor and critic, the FSDP `seed`s, `rollout.seed`, `data.seed` |
 | `trainer.n_gpus_per_node`, `nnodes` | `trainer.n_gpus_per_node`, `trainer.nnodes` |
-| `trainer.device` | `trainer.device`: `npu[:N]` -> npu, else cuda (verl's workers need an accelerator; |
-| | `cpu` is the embedded backend's default) |
+| `trainer.device` | `trainer.device`: `npu[:N]` -> npu, else cuda (alight's `trainer.device` defaults to the |
+| | embedded backend's `cpu`); `verl: {trainer: {device: cpu}}` runs verl's workers on CPU (5) |
 | run directory | `trainer.default_local_dir` = `<work_dir>/verl_checkpoints`, `trainer.project_name: |
 | | alight`, `trainer.experiment_name` = `name` |
 | flash-attn importable or not | `override_config.attn_implementation` of both models: flash_attention_2 / sdpa |
@@ -47,7 +47,11 @@ Mapping (`actor.` is `actor_rollout_ref.actor.`, `model.` is `actor_rollout_ref.
 
 (1) verl's warm-up factor is step/warmup, alight's (step+1)/(warmup+1). (2) verl always clips, so
 "no clipping" is an infinite norm. (3) See "Batch sizes". (4) Nominal: the advantages are
-LightningRL's, handed over in the batch; verl computes none.
+LightningRL's, handed over in the batch; verl computes none. (5) `cpu_platform` is verl's CPU
+platform; `trainer.n_gpus_per_node` then counts worker processes. On CPU the strategy of actor,
+reference and critic is `fsdp2` (FSDP1 needs a GPU: anything else is a ConfigError), and unless the
+`verl:` block says otherwise `use_torch_compile` is off (a cold compile costs ~35 s a start) and
+FSDP computes in float32 (`fsdp_config.mixed_precision`: bf16 matmuls are slow on most CPUs).
 
 Batch sizes: verl counts `ppo_mini_batch_size` in prompts and multiplies by `rollout.n` for rows
 per optimizer step; alight's `mini_batch_size` counts transitions, and a rollout yields one or more
@@ -104,6 +108,35 @@ def verl_defaults() -> DictConfig:
         return compose(config_name="ppo_trainer")
 
 
+#: verl's `trainer.device` that runs its workers on CPU (through `cpu_platform`).
+CPU = "cpu"
+#: verl's name for alight's CPU platform, and what a Ray worker's environment needs to load it.
+CPU_PLATFORM = "alight-cpu"
+CPU_WORKER_ENV = {"VERL_PLATFORM": CPU_PLATFORM, "VERL_USE_EXTERNAL_MODULES": "alight.backends.verl.cpu_platform"}
+#: Where each model's FSDP strategy is set: verl's trainer config keys (actor, reference, critic).
+STRATEGY_KEYS = (
+    "actor_rollout_ref.actor.strategy",
+    "actor_rollout_ref.actor.fsdp_config.strategy",
+    "actor_rollout_ref.ref.strategy",
+    "actor_rollout_ref.ref.fsdp_config.strategy",
+    "critic.strategy",
+    "critic.fsdp.strategy",
+)
+#: FSDP's compute dtypes on CPU unless the `verl:` block sets `mixed_precision`.
+CPU_PRECISION = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+
+
+def verl_device(cfg: ExperimentConfig) -> str:
+    """The device verl's workers run on: the `verl:` block's `trainer.device` (cpu, cuda, npu),
+    else npu for alight's `trainer.device: npu[:N]`, else cuda."""
+    from omegaconf import OmegaConf
+
+    chosen = OmegaConf.select(OmegaConf.create(dict(cfg.verl)), "trainer.device")
+    if chosen:
+        return str(chosen)
+    return "npu" if cfg.trainer.device.startswith("npu") else "cuda"
+
+
 def attn_implementation() -> str:
     """flash_attention_2 where flash-attn is installed, else sdpa (verl's default needs flash-attn)."""
     return "flash_attention_2" if importlib.util.find_spec("flash_attn") is not None else "sdpa"
@@ -148,8 +181,8 @@ def alight_settings(cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path) -
     }
     if lora.enabled:  # merged: the engine serves full weights (verl would otherwise hand out adapters only)
         model.update(lora_alpha=int(lora.alpha), target_modules=list(lora.target_modules), lora={"merge": True})
-    device = "npu" if trainer.device.startswith("npu") else "cuda"
-    return {
+    device = verl_device(cfg)
+    settings: dict[str, Any] = {
         "data": {"train_batch_size": trainer.batch_size, "seed": seed},
         "actor_rollout_ref": {
             "model": model,
@@ -203,6 +236,26 @@ def alight_settings(cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path) -
             "val_before_train": False,
         },
     }
+    if device == CPU:
+        on_cpu(settings)
+    return settings
+
+
+def on_cpu(settings: dict[str, Any]) -> None:
+    """verl's workers on CPU (note 5): `fsdp2` everywhere, no torch.compile, float32 FSDP."""
+    for key in STRATEGY_KEYS:
+        _set(settings, key, "fsdp2")
+    for fsdp in ("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp"):
+        _set(settings, f"{fsdp}.use_torch_compile", False)
+        _set(settings, f"{fsdp}.mixed_precision", dict(CPU_PRECISION))
+    _set(settings, "actor_rollout_ref.actor.use_torch_compile", False)
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        tree = tree.setdefault(key, {})
+    tree[leaf] = value
 
 
 def unknown_keys(base: DictConfig, overrides: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -218,7 +271,10 @@ def unknown_keys(base: DictConfig, overrides: Mapping[str, Any], prefix: str = "
         path = f"{prefix}{key}"
         names = [str(k) for k in base.keys()]  # noqa: SIM118 - `in base` says no for a `???` value
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
+            fields = target_fields(base)  # the fields of verl's dataclass: some the YAML leaves out
+            if key in fields:
+                continue
+            close = difflib.get_close_matches(str(key), names + sorted(fields - set(names)), n=1)
             hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
             errors.append(f"verl.{path} is not a key of verl's trainer config{hint}")
             continue
@@ -227,6 +283,24 @@ def unknown_keys(base: DictConfig, overrides: Mapping[str, Any], prefix: str = "
         if isinstance(value, Mapping) and isinstance(child, DictConfig) and not free:
             errors.extend(unknown_keys(child, value, f"{path}."))
     return errors
+
+
+def target_fields(node: DictConfig) -> set[str]:
+    """The fields of the dataclass verl builds from `node` (its `_target_`), some of which its YAML
+    leaves out (e.g. `FSDPEngineConfig.mixed_precision`); empty without a `_target_`. Imports verl's
+    config classes, so it is asked only about a key the YAML lacks."""
+    import dataclasses
+    import importlib
+
+    target = node.get("_target_") if "_target_" in node else None
+    if not isinstance(target, str) or not target.startswith("verl."):
+        return set()
+    module, _, name = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return set()
+    return {field.name for field in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
 
 
 def build_verl_config(cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path) -> DictConfig:
@@ -248,5 +322,9 @@ def build_verl_config(cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path)
     OmegaConf.set_struct(conf, False)  # override_config and the like take new keys
     merged = OmegaConf.merge(conf, alight_settings(cfg, model_dir, work_dir=work_dir), passthrough)
     assert isinstance(merged, DictConfig)
+    if str(merged.trainer.device) == CPU:
+        for key in STRATEGY_KEYS:
+            if OmegaConf.select(merged, key) != "fsdp2":
+                raise ConfigError(f"verl.{key} must be fsdp2 with verl.trainer.device cpu (FSDP1 needs a GPU)")
     OmegaConf.set_struct(merged, True)
     return merged

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
+from alight.backends.verl.config import CPU, CPU_WORKER_ENV
 from alight.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,47 @@ class ActorWorker(ActorRolloutRefWorker):  # type: ignore[misc]
             base = Path(base_dir) if base_dir else None
             write_hf_model(state, engine.model_config.hf_config, Path(path), base_dir=base)
         torch.distributed.barrier()
+
+
+def load_value_model(local_path: str, torch_dtype: Any, model_config: Any, trust_remote_code: bool) -> Any:
+    """verl's `load_valuehead_model` with the attention the model config names (alight's choice:
+    flash_attention_2 only where flash-attn is installed, else sdpa); verl's own hard-codes
+    flash_attention_2, so a critic fails to load without flash-attn. A model with no
+    token-classification head falls back to verl's loader (trl's value head)."""
+    from transformers import AutoModelForTokenClassification
+
+    attention = getattr(model_config, "_attn_implementation", None) or "sdpa"
+    try:
+        return AutoModelForTokenClassification.from_pretrained(
+            pretrained_model_name_or_path=local_path,
+            torch_dtype=torch_dtype,
+            config=model_config,
+            attn_implementation=attention,
+            trust_remote_code=trust_remote_code,
+        )
+    except ValueError:  # no token-classification class for this architecture
+        return VERL_VALUE_LOADER[0](local_path, torch_dtype, model_config, trust_remote_code)
+
+
+def honour_attention_in_value_models() -> None:
+    """Have verl's FSDP engines load value models through `load_value_model` (idempotent)."""
+    from verl.utils import model as verl_model
+
+    if verl_model.load_valuehead_model is not load_value_model:
+        VERL_VALUE_LOADER[:] = [verl_model.load_valuehead_model]
+        verl_model.load_valuehead_model = load_value_model
+
+
+#: verl's own `load_valuehead_model`, kept for architectures without a token-classification head.
+VERL_VALUE_LOADER: list[Callable[..., Any]] = []
+
+
+class CriticWorker(TrainingWorker):  # type: ignore[misc]
+    """verl's training worker for PPO's value model, loading it with alight's attention."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        honour_attention_in_value_models()
+        super().__init__(*args, **kwargs)
 
 
 @dataclass
@@ -86,6 +129,9 @@ def start_ray(verl_config: Any) -> bool:
     assert isinstance(ray_init, dict)
     kwargs: dict[str, Any] = {str(k): v for k, v in ray_init.items() if v is not None and k != "runtime_env"}
     verl_env = get_ppo_ray_runtime_env(verl_config)  # type: ignore[no-untyped-call]
+    if str(verl_config.trainer.device) == CPU:  # a worker per bundle of 1 CPU, even on fewer cores
+        processes = int(verl_config.trainer.n_gpus_per_node) * int(verl_config.trainer.nnodes)
+        kwargs.setdefault("num_cpus", max(os.cpu_count() or 1, processes))
     runtime_env = OmegaConf.merge(verl_env, ray_init.get("runtime_env") or {})
     address = os.environ.get("RAY_ADDRESS")
     if address:  # an existing cluster owns its resources: ray.init refuses num_cpus/num_gpus then
@@ -102,17 +148,24 @@ def ray_worker_groups(verl_config: Any, *, use_ref: bool, use_critic: bool) -> W
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from verl.single_controller.ray.base import create_colocated_worker_cls
 
+    on_cpu = str(verl_config.trainer.device) == CPU
     owns_ray = start_ray(verl_config)
     n_gpus, nnodes = int(verl_config.trainer.n_gpus_per_node), int(verl_config.trainer.nnodes)
     available = ray.cluster_resources().get("GPU", 0)  # type: ignore[no-untyped-call]
-    if available < n_gpus * nnodes:
+    if available < n_gpus * nnodes and not on_cpu:
         if owns_ray:
             ray.shutdown()
         raise ConfigError(
             f"trainer.backend verl: the Ray cluster has {available:g} GPUs, the config asks for "
             f"{nnodes} x {n_gpus} (trainer.nnodes x trainer.n_gpus_per_node)"
         )
-    pool = RayResourcePool(process_on_nodes=[n_gpus] * nnodes, use_gpu=True, max_colocate_count=3, name_prefix="alight")
+    # on CPU: one CPU bundle per worker process (the roles share it), verl's platform named in their environment
+    pool = RayResourcePool(
+        process_on_nodes=[n_gpus] * nnodes,
+        use_gpu=not on_cpu,
+        max_colocate_count=1 if on_cpu else 3,
+        name_prefix=f"alight{uuid.uuid4().hex[:8]}_",  # placement group names are cluster-wide: one per backend
+    )
     roles: dict[str, Any] = {
         "actor": RayClassWithInitArgs(cls=ray.remote(ActorWorker), config=verl_config.actor_rollout_ref, role="actor")
     }
@@ -120,12 +173,13 @@ def ray_worker_groups(verl_config: Any, *, use_ref: bool, use_critic: bool) -> W
         ref = ray.remote(ActorWorker)
         roles["ref"] = RayClassWithInitArgs(cls=ref, config=verl_config.actor_rollout_ref, role="ref")
     if use_critic:
-        critic = ray.remote(TrainingWorker)
+        critic = ray.remote(CriticWorker)
         roles["critic"] = RayClassWithInitArgs(cls=critic, config=critic_worker_config(verl_config))
     colocated = RayWorkerGroup(
         resource_pool=pool,
         ray_cls_with_init=create_colocated_worker_cls(class_dict=roles),
         device_name=str(verl_config.trainer.get("device", "cuda")),
+        worker_env=dict(CPU_WORKER_ENV) if on_cpu else {},
     )
     spawned = colocated.spawn(prefix_set=roles.keys())  # type: ignore[no-untyped-call]
     return WorkerGroups(

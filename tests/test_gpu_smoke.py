@@ -1,0 +1,90 @@
+"""The offline GPU smoke check (benchmarks/gpu_smoke/) without a GPU: the split/reassemble round
+trip of the wheel bundle, the GPU-side script's arguments and its one-line refusal on a machine
+without CUDA, the dry run's output. The wheel list resolved for the GPU machine's Python 3.12 and
+torch 2.11.0 (needs PyPI) is tests/test_gpu_extras.py's, beside the GPU extras' dry runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "benchmarks" / "gpu_smoke"
+sys.path.insert(0, str(SMOKE))
+
+import bundle  # noqa: E402
+
+
+def test_split_then_join_gives_back_every_file_and_no_part_is_over_the_limit(tmp_path: Path) -> None:
+    files = {"big.whl": os.urandom(2500), "exact.whl": os.urandom(1000), "small.whl": b"x" * 10}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    manifest = bundle.split_folder(tmp_path, limit=1000)
+    assert all(p.stat().st_size <= 1000 for p in tmp_path.iterdir() if p.name != bundle.MANIFEST)
+    assert not (tmp_path / "big.whl").exists() and len(manifest["files"][0]["parts"]) == 3
+    joined = bundle.join_folder(tmp_path)
+    assert {p.name: p.read_bytes() for p in joined} == files
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*files, bundle.MANIFEST])
+
+
+def test_a_damaged_or_missing_part_is_named(tmp_path: Path) -> None:
+    (tmp_path / "big.whl").write_bytes(os.urandom(2500))
+    bundle.split_folder(tmp_path, limit=1000)
+    part = tmp_path / "big.whl.part001"
+    part.write_bytes(b"0" + part.read_bytes()[1:])
+    with pytest.raises(ValueError, match=r"big\.whl\.part001 is damaged"):
+        bundle.join_folder(tmp_path)
+    part.unlink()
+    with pytest.raises(ValueError, match=r"big\.whl\.part001 is missing"):
+        bundle.join_folder(tmp_path)
+
+
+def run_script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    # CUDA_VISIBLE_DEVICES="" keeps a GPU this machine might have out of sight: the refusal is what is tested
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    script = str(SMOKE / "run.py")
+    return subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
+    )
+
+
+def test_the_gpu_script_refuses_a_machine_without_cuda_in_one_line(tmp_path: Path) -> None:
+    done = run_script("--out", "smoke.json", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "no CUDA GPU" in done.stderr
+    assert not (tmp_path / "smoke.json").exists()
+
+
+@pytest.mark.parametrize("args", [["--steps", "0"], ["--timeout-s", "-1"], ["--steps", "two"], ["--nope"]])
+def test_the_gpu_script_refuses_bad_arguments(tmp_path: Path, args: list[str]) -> None:
+    done = run_script(*args, cwd=tmp_path)
+    assert done.returncode == 2 and "error:" in done.stderr
+
+
+def test_the_gpu_script_documents_its_options(tmp_path: Path) -> None:
+    done = run_script("--help", cwd=tmp_path)
+    assert done.returncode == 0
+    for option in ("--out", "--steps", "--model", "--config", "--skip-install", "--timeout-s"):
+        assert option in done.stdout
+
+
+def test_the_dry_run_prints_the_wheel_list_and_downloads_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prepare.py --dry-run: the resolved list as JSON, no folder written (the resolve itself, which
+    needs PyPI, is stood in for here; tests/test_gpu_extras.py runs the real one)."""
+    import prepare
+
+    wheels = [{"name": "verl", "version": "0.9.1", "url": "https://example.invalid/verl-0.9.1-py3-none-any.whl"}]
+    monkeypatch.setattr(prepare, "resolve", lambda work, vllm: wheels)
+    printed: list[str] = []
+    monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))
+    assert prepare.main([str(tmp_path / "out"), "--dry-run"]) == 0
+    listing = json.loads(printed[0])
+    assert listing["wheels"] == wheels and listing["python"] == "3.12" and listing["limit_bytes"] <= 60_000_000
+    assert not (tmp_path / "out").exists()
