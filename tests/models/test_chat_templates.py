@@ -106,9 +106,9 @@ def test_chatml_tools_renders_tools_calls_and_results(tokenizer: Any) -> None:
     assert text == (
         "<|im_start|>system\nBe exact.\n\nTools you can call:\n"
         "calculate(expression: string, digits: any) - Evaluate arithmetic.\n"
-        'To call a tool, answer <tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>\n'
+        'To call a tool, answer <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call><|im_end|>\n'
         "<|im_start|>user\n2+3?<|im_end|>\n"
-        '<|im_start|>assistant\n<tool_call>{"name": "calculate", "arguments": {"expression": "2+3"}}</tool_call>'
+        '<|im_start|>assistant\n<tool_call>\n{"name": "calculate", "arguments": {"expression": "2+3"}}\n</tool_call>'
         "<|im_end|>\n"
         "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n5.<|im_end|>\n"
@@ -149,4 +149,4 @@ def test_warm_start_demonstrations_train_the_tool_call_not_an_empty_reply(tiny_d
         transitions, _ = demonstration_transitions([row], tok, mode="transition")
         targets[choice] = tok.decode(transitions[0].response_ids)
     assert "calculate" not in targets["model"]  # the silent drop this guards against
-    assert '<tool_call>{"name": "calculate"' in targets["auto"]
+    assert '<tool_call>\n{"name": "calculate"' in targets["auto"]

@@ -27,11 +27,44 @@ logger = logging.getLogger(__name__)
 AUTO = "auto"
 MODEL = "model"
 
+# The turns of a ChatML conversation after its system header, in the Qwen2.5/Hermes format: assistant
+# tool calls as <tool_call> blocks, tool results as <tool_response> blocks in a user turn.
+# `{% generation %}` marks assistant text for return_assistant_tokens_mask (warm start, SFT). alight's
+# tiny model and `chatml-tools` share it.
+CHATML_TURNS = """\
+{%- for message in messages %}
+    {%- if message.role == 'system' and loop.first %}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\\n' }}
+        {%- generation %}
+            {{- message.content or '' }}
+            {%- for call in message.tool_calls or [] %}
+                {%- set call = call.function if call.function is defined else call %}
+                {%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}
+                {{- '<tool_call>\\n{"name": ' + call.name | tojson + ', "arguments": ' }}
+                {{- (call.arguments if call.arguments is string else call.arguments | tojson) + '}\\n</tool_call>' }}
+            {%- endfor %}
+            {{- '<|im_end|>' }}
+        {%- endgeneration %}
+        {{- '\\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or loop.previtem.role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+        {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
+        {%- if loop.last or loop.nextitem.role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
 # ChatML with tools and tool calls in the Hermes format that `alight.engines.toolcalls` parses. Tools
 # are listed one line each (name, typed arguments, description) rather than as a JSON schema: a
 # 135M-parameter model follows a short list better, and the prompt stays ~100 tokens shorter.
-# `{% generation %}` marks assistant text for return_assistant_tokens_mask (warm start, SFT).
-CHATML_TOOLS = """\
+CHATML_TOOLS = (
+    """\
 {%- macro tool_line(tool) -%}
     {%- set tool = tool.function if tool.function is defined else tool -%}
     {%- set props = (tool.parameters or {}).properties or {} -%}
@@ -50,37 +83,13 @@ CHATML_TOOLS = """\
     {%- for tool in tools %}
         {{- '\\n' + tool_line(tool) }}
     {%- endfor %}
-    {{- '\\nTo call a tool, answer <tool_call>{"name": ..., "arguments": {...}}</tool_call><|im_end|>\\n' }}
+    {{- '\\nTo call a tool, answer <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call><|im_end|>\\n' }}
 {%- elif messages and messages[0].role == 'system' %}
     {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}
-{%- for message in messages %}
-    {%- if message.role == 'system' and loop.first %}
-    {%- elif message.role == 'assistant' %}
-        {{- '<|im_start|>assistant\\n' }}
-        {%- generation %}
-            {{- message.content or '' }}
-            {%- for call in message.tool_calls or [] %}
-                {%- set call = call.function if call.function is defined else call %}
-                {%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}
-                {{- '<tool_call>{"name": ' + call.name | tojson + ', "arguments": ' }}
-                {{- (call.arguments if call.arguments is string else call.arguments | tojson) + '}</tool_call>' }}
-            {%- endfor %}
-            {{- '<|im_end|>' }}
-        {%- endgeneration %}
-        {{- '\\n' }}
-    {%- elif message.role == 'tool' %}
-        {%- if loop.first or loop.previtem.role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
-        {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
-        {%- if loop.last or loop.nextitem.role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
-    {%- else %}
-        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' }}
-{%- endif %}
 """
+    + CHATML_TURNS
+)
 
 #: Templates alight ships, by the name `engine.chat_template` takes.
 TEMPLATES: dict[str, str] = {"chatml-tools": CHATML_TOOLS}

@@ -37,7 +37,7 @@ TINY = "tiny"
 #: Written into a converted directory: what it was converted from; a directory without it is redone.
 MARKER_FILE = "alight_model.json"
 #: Bumped when the conversion changes; older cached conversions are redone.
-CONVERSION_FORMAT = 1
+CONVERSION_FORMAT = 2
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

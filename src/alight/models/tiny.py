@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alight.errors import ConfigError
+from alight.models.chat_templates import CHATML_TURNS
 from alight.models.progress import progress_bars_off
 
 if TYPE_CHECKING:
@@ -57,7 +58,8 @@ TINY_FORMAT = 2
 # Tools are listed by signature only, `name(arg, ...)`, not as Qwen's JSON schema preamble: with one
 # token per byte that preamble costs ~600 tokens of every prompt, and a tiny model learns the
 # call format from its warm start, not from instructions.
-CHAT_TEMPLATE = """\
+CHAT_TEMPLATE = (
+    """\
 {%- if tools %}
     {{- '<|im_start|>system\n' }}
     {%- if messages and messages[0].role == 'system' %}
@@ -72,33 +74,9 @@ CHAT_TEMPLATE = """\
 {%- elif messages and messages[0].role == 'system' %}
     {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}
-{%- for message in messages %}
-    {%- if message.role == 'system' and loop.first %}
-    {%- elif message.role == 'assistant' %}
-        {{- '<|im_start|>assistant\\n' }}
-        {%- generation %}
-            {{- message.content or '' }}
-            {%- for call in message.tool_calls or [] %}
-                {%- set call = call.function if call.function is defined else call %}
-                {%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}
-                {{- '<tool_call>\\n{"name": ' + call.name | tojson + ', "arguments": ' }}
-                {{- (call.arguments if call.arguments is string else call.arguments | tojson) + '}\\n</tool_call>' }}
-            {%- endfor %}
-            {{- '<|im_end|>' }}
-        {%- endgeneration %}
-        {{- '\\n' }}
-    {%- elif message.role == 'tool' %}
-        {%- if loop.first or loop.previtem.role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
-        {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
-        {%- if loop.last or loop.nextitem.role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
-    {%- else %}
-        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' }}
-{%- endif %}
 """
+    + CHATML_TURNS
+)
 
 
 def build_tiny_model(
