@@ -83,6 +83,8 @@ class PerAgentLoraBackend(EmbeddedBackend):
         device: str = "cpu",
         temperature: float = 1.0,
         seed: int = 0,
+        engine_copy: bool = False,  # as EmbeddedBackend: the engine holds another copy on this device
+        row_tokens: int | None = None,  # as EmbeddedBackend: the longest rows expected (memory check)
     ) -> None:
         # The parent loads the plain model (warm start trains all of it); no deep-copied reference:
         # the reference is the base with the adapters disabled.
@@ -91,7 +93,15 @@ class PerAgentLoraBackend(EmbeddedBackend):
             kl_coef=0.0,
             lora=dataclasses.replace(algorithm.lora, enabled=False, per_agent=False, agents=[]),
         )
-        super().__init__(model_path, plain, device=device, temperature=temperature, seed=seed)
+        super().__init__(
+            model_path,
+            plain,
+            device=device,
+            temperature=temperature,
+            seed=seed,
+            engine_copy=engine_copy,
+            row_tokens=row_tokens,
+        )
         self.cfg = algorithm
         self.agents = list(algorithm.lora.agents)
         if not self.agents:
