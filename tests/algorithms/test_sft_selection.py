@@ -123,11 +123,10 @@ def test_only_succeeded_rollouts_of_the_chosen_splits_are_eligible() -> None:
     ],
 )
 def test_bad_selection_settings_fail_in_one_line(sft: SftConfig, named: str) -> None:
-    from alight.store.memory import MemoryStore
-    from alight.trainer.sft_source import select_from_store
+    from alight.algorithms.sft import check_selection
 
     with pytest.raises(ConfigError, match=named) as err:
-        asyncio.run(select_from_store(MemoryStore(), AdapterConfig(), AlgorithmConfig(name="sft", sft=sft)))
+        check_selection(sft.select, sft.splits)  # once, with the run's config (alight.trainer.checks)
     assert "\n" not in str(err.value)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from alight.config import load_config, to_object
 from alight.errors import ConfigError
-from alight.trainer.dev import dev_rows, run_dev, with_endpoint, with_temperature
+from alight.trainer.dev import dev_rows, run_dev, served_model, with_endpoint, with_temperature
 from tests.cli.test_dev_and_trace import alight
 from tests.fixtures.openai_server import ScriptedOpenAIServer, answer, tool_call
 
@@ -110,7 +110,7 @@ def test_split_and_model_errors_are_one_line(tmp_path: Path) -> None:
         dev_rows(no_val, None, "val")
     assert dev_rows(no_val, 2, None)[0] == "train"  # without --split, dev falls back to the split there is
     with pytest.raises(ConfigError, match="no model at"):
-        with_endpoint(cfg, None, str(tmp_path / "missing"))
+        served_model(cfg, str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="--temperature must be 0 or more"):
         with_temperature(cfg, -1.0)
     with pytest.raises(ConfigError, match="drop --n"):
@@ -120,9 +120,9 @@ def test_split_and_model_errors_are_one_line(tmp_path: Path) -> None:
 
 def test_model_without_endpoint_keeps_the_engine_and_resolves_checkpoints(tmp_path: Path, tiny_dir: Path) -> None:
     cfg = cfg_of(write_eval_config(tmp_path))
-    assert with_endpoint(cfg, None, "tiny").engine.model == "tiny"
-    swapped = with_endpoint(cfg, None, str(tiny_dir))
-    assert (swapped.engine.kind, swapped.engine.model) == ("embedded", str(tiny_dir))
+    assert served_model(cfg, "tiny") == "tiny"
+    assert served_model(cfg, str(tiny_dir)) == str(tiny_dir)
+    assert with_endpoint(cfg, None, str(tiny_dir)) is cfg  # the config is not rewritten: the stack is handed the model
     litellm = cfg_of(write_eval_config(tmp_path), "engine.kind=litellm", "engine.model=openai/a")
-    assert with_endpoint(litellm, None, "openai/b").engine.model == "openai/b"  # a LiteLLM string, not a path
+    assert served_model(litellm, "openai/b") == "openai/b"  # a LiteLLM string, not a path
     assert with_temperature(cfg, 0.0).engine.sampling.temperature == 0.0

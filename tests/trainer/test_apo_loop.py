@@ -65,7 +65,7 @@ class Recorder:
 
 @pytest.mark.slow
 def test_the_beam_keeps_the_best_scored_prompt_and_records_every_candidate(tmp_path: Path) -> None:
-    from alight.trainer.apo_loop import ApoLoop
+    from alight.trainer.loops.apo import ApoLoop
 
     optimizer = ScriptedOptimizer(
         {

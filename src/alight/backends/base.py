@@ -51,8 +51,14 @@ class Backend(Protocol):
         ...
 
     def update(self, batch: TransitionBatch) -> dict[str, float]:
-        """One update on `batch` (advantages set by the algorithm); metrics under `actor/` (and
-        `critic/`) names, `actor/update_tokens` the tokens processed."""
+        """One update on `batch` (advantages set by the algorithm) with the configured objective
+        (`alight.backends.objective`: the policy loss, or nll on the rows rewarded enough); metrics
+        under `actor/` (and `critic/`) names, `actor/update_tokens` the tokens processed."""
+        ...
+
+    def supervised_step(self, batch: TransitionBatch) -> dict[str, float]:
+        """One optimizer step of negative log-likelihood on the batch's response tokens (fine-tuning
+        from a store); metrics under `actor/` names. A backend that cannot raises ConfigError."""
         ...
 
     def engine_weights(self) -> EngineWeights:

@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from alight.backends import losses
+from alight.backends.objective import LOSSES
 from alight.config.schema import AlgorithmConfig
 from alight.errors import ConfigError
 
-ALGORITHMS = ("grpo", "ppo", "sft")
-
 
 def check_algorithm(cfg: AlgorithmConfig) -> None:
-    """ConfigError, in one line, for settings no update can run with."""
-    if cfg.name not in ALGORITHMS:
-        raise ConfigError(f"algorithm.name must be one of {', '.join(ALGORITHMS)}, got {cfg.name!r}")
+    """ConfigError, in one line, for update settings no update can run with (the algorithm's name
+    is checked with the rest of the config, `alight.trainer.checks`)."""
+    if cfg.loss not in LOSSES:
+        raise ConfigError(f"algorithm.loss must be one of {', '.join(LOSSES)}, got {cfg.loss!r}")
     if cfg.loss_agg not in losses.LOSS_AGGREGATIONS:
         raise ConfigError(
             f"algorithm.loss_agg must be one of {', '.join(losses.LOSS_AGGREGATIONS)}, got {cfg.loss_agg!r}"

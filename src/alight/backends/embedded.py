@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from alight.algorithms.batch import TransitionBatch
 from alight.backends import losses, memory
-from alight.backends.checks import check_algorithm, warmup_schedule
+from alight.backends.checks import warmup_schedule
 from alight.backends.chunked import chunked_head_supported, head_log_probs
+from alight.backends.objective import objective
 from alight.config.schema import AlgorithmConfig, ExperimentConfig, LoraConfig
 from alight.errors import ConfigError
 
@@ -79,8 +80,8 @@ class EmbeddedBackend:
 
         from alight.models.progress import progress_bars_off
 
-        check_algorithm(algorithm)
         self.cfg = algorithm
+        self.objective = objective(algorithm)
         self.device = torch.device(device)
         self.temperature = temperature if temperature > 0 else 1.0
         self.model_path = Path(model_path)
@@ -217,14 +218,14 @@ class EmbeddedBackend:
         learning-rate schedule. `actor/skipped_micro_batches` and `actor/skipped_steps` count them."""
         import torch
 
-        if self.cfg.name == "sft":
-            keep = (batch.rewards >= self.cfg.sft_min_reward).nonzero().flatten().tolist()
+        if self.objective.loss == "nll":
+            keep = (batch.rewards >= self.objective.min_reward).nonzero().flatten().tolist()
             if not keep:
                 return {"actor/sft_rows": 0.0}
             return {**self.supervised_step(batch.select(keep)), "actor/sft_rows": float(len(keep))}
         rows = len(batch)
         mini = min(self.cfg.mini_batch_size or rows, rows)
-        epochs = self.cfg.ppo_epochs if self.cfg.name == "ppo" else self.cfg.epochs
+        epochs = self.objective.epochs
         if not self._has_gradient(batch):  # nothing to learn: no forward, no step
             micro = self._micro_batch_size(batch)
             steps = epochs * math.ceil(rows / mini)

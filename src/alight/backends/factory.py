@@ -45,8 +45,8 @@ def check_backend(cfg: ExperimentConfig) -> None:
 
 def make_backend(cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path | None = None) -> Backend:
     """The configured backend, holding the policy loaded from `model_dir`; `work_dir` (the run
-    directory's `backend/`) holds what it writes between checkpoints (default: a temporary one)."""
-    check_backend(cfg)
+    directory's `backend/`) holds what it writes between checkpoints (default: a temporary one). The
+    config is checked already (`check_backend`, once, with the rest of the run's config)."""
     cls = backend_class(cfg.trainer.backend)
     if cfg.algorithm.lora.per_agent:  # check_backend allows it with the embedded backend only
         from alight.backends.per_agent_lora import PerAgentLoraBackend

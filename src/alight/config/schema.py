@@ -169,6 +169,9 @@ class AlgorithmConfig:
     name: str = (
         "grpo"  # grpo | ppo (several clipped epochs over mini-batches) | sft (on the agent's best rollouts) | apo
     )
+    # The loss an update minimises: auto (nll for sft, else policy) | policy (clipped policy gradient)
+    # | nll (negative log-likelihood of the responses rewarded at least sft_min_reward)
+    loss: str = "auto"
     advantage: str = "grpo"  # grpo | rloo | reinforce_pp (see alight.algorithms.advantages)
     norm_std: bool = True  # grpo: divide by the group's reward std; reinforce_pp: by the batch's
     eps: float = 1e-6  # added to the std before dividing

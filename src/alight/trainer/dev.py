@@ -61,22 +61,25 @@ SPLITS = ("train", "val")
 
 def with_endpoint(cfg: ExperimentConfig, endpoint: str | None, model: str | None) -> ExperimentConfig:
     """The config with its engine swapped for an external OpenAI-compatible endpoint (via LiteLLM),
-    or, with `model` and no `endpoint`, with the configured engine loading `model` instead: a model
-    directory, a training checkpoint, or a run directory (its newest checkpoint), as `alight serve`
-    resolves it (a LiteLLM model string for a litellm engine)."""
-    if endpoint is None and model is None:
-        return cfg
+    serving `model` (default `engine.served_name`); without `endpoint`, the config as it is."""
     if endpoint is None:
-        assert model is not None
-        if cfg.engine.kind == "litellm" or (cfg.engine.kind == "vllm" and cfg.engine.base_url):
-            return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, model=model))
-        from alight.trainer.serve import resolve_model
-
-        return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, model=resolve_model(model)))
+        return cfg
     name = model or cfg.engine.served_name
     litellm_model = name if "/" in name else f"openai/{name}"
     engine = dataclasses.replace(cfg.engine, kind="litellm", model=litellm_model, base_url=endpoint, options={})
     return dataclasses.replace(cfg, engine=engine)
+
+
+def served_model(cfg: ExperimentConfig, model: str) -> str:
+    """What the configured engine loads for `--model`: a model directory, a training checkpoint, or
+    a run directory (its newest checkpoint), as `alight serve` resolves it (a LiteLLM model string
+    for a litellm engine or a remote vLLM server, as it is). Handed to the stack, not written into
+    the config."""
+    if cfg.engine.kind == "litellm" or (cfg.engine.kind == "vllm" and cfg.engine.base_url):
+        return model
+    from alight.trainer.serve import resolve_model
+
+    return resolve_model(model)
 
 
 def with_temperature(cfg: ExperimentConfig, temperature: float | None) -> ExperimentConfig:
@@ -138,12 +141,14 @@ def run_dev(
     """Run the agent on `n` tasks (default `dev.n`) of `split` (see `dev_rows`), or on every task
     of the split with `all_rows`, through store, proxy, engine and runner pool; the store stays in
     `run_dir` (default `{output_dir}/{name}-dev-{timestamp}`) for `alight trace`. `endpoint` /
-    `model` swap the engine for an OpenAI-compatible endpoint or another model or checkpoint (see
-    `with_endpoint`); `temperature` replaces the sampling temperature (0: greedy, for evaluation).
+    `model` swap the engine for an OpenAI-compatible endpoint (see `with_endpoint`) or have it serve
+    another model or checkpoint (see `served_model`); `temperature` replaces the sampling
+    temperature (0: greedy, for evaluation).
     `on_progress` gets the counts of ended rollouts. `prompt` (an APO run directory, a
     best_prompt.json or a text file) is published as the `algorithm.apo.resource` PromptTemplate
     agents read. Every input problem raises ConfigError before a worker starts."""
     from alight.models.progress import quiet_progress_bars
+    from alight.runner.factory import check_pool
     from alight.trainer.run_dir import new_run_dir
     from alight.trainer.stack import LocalStack, check_endpoint, runner_agent
     from alight.trainer.threads import ThreadPolicy
@@ -152,8 +157,10 @@ def run_dev(
     if all_rows and n is not None:
         raise ConfigError("--all runs every task of the split: drop --n")
     cfg = with_temperature(with_endpoint(cfg, endpoint, model), temperature)
+    serving = served_model(cfg, model) if model is not None and endpoint is None else cfg.engine.model
     count = None if all_rows else (n or cfg.dev.n)
     threads = ThreadPolicy.from_config(cfg.trainer.torch_threads, cfg.trainer.torch_interop_threads, cfg.engine.device)
+    check_pool(cfg.runner)
     runner_agent(cfg.agent)  # an entrypoint that does not import, a missing program: one line, here
     extra: dict[str, Any] = {}
     if prompt is not None:
@@ -168,10 +175,11 @@ def run_dev(
     quiet_progress_bars()
     if cfg.engine.kind == "embedded":  # the engine runs in this process
         threads.apply()
-    with LocalStack(cfg, run_dir, n_runners=min(cfg.runner.n_runners, len(tasks)), extra_resources=extra) as stack:
+    n_runners = min(cfg.runner.n_runners, len(tasks))
+    with LocalStack(cfg, run_dir, model=serving, n_runners=n_runners, extra_resources=extra) as stack:
         assert stack.store_url is not None
         results = asyncio.run(_run(cfg, stack.store_url, tasks, on_progress))
-    return DevRun(run_dir, results, time.monotonic() - started, split=split_name, model=cfg.engine.model)
+    return DevRun(run_dir, results, time.monotonic() - started, split=split_name, model=serving)
 
 
 async def _run(

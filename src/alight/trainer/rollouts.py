@@ -8,12 +8,17 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from alight.config.schema import ExperimentConfig
 from alight.errors import TrainingError
 from alight.trainer.events import Watchers
 from alight.types import Rollout, RolloutMode, RolloutStatus, Task
+
+if TYPE_CHECKING:
+    from alight.backends.base import EngineWeights
+    from alight.store.base import Store
+    from alight.trainer.stack import LocalStack
 
 logger = logging.getLogger(__name__)
 
@@ -25,11 +30,39 @@ MODES = {"train": RolloutMode.TRAIN, "val": RolloutMode.VAL}
 class StepRollouts:
     """Rollouts of training and validation steps, tagged with `{"step", "split", "row"}` metadata."""
 
-    def __init__(self, store: Any, stack: Any, cfg: ExperimentConfig, events: Watchers) -> None:
+    def __init__(self, store: Store, stack: LocalStack, cfg: ExperimentConfig, events: Watchers) -> None:
         self.store = store
         self.stack = stack
         self.cfg = cfg
         self.events = events
+        self.reusable: dict[tuple[str, int], list[str]] = {}  # (split, step) -> a killed run's rollouts
+
+    async def resume_after(self, step: int) -> None:
+        """Reuse, not enqueue again, the rollouts a killed run had enqueued for steps after `step`."""
+        self.reusable = await self.enqueued_after(step)
+
+    async def collect(
+        self,
+        step: int,
+        split: str,
+        tasks: Sequence[Any],
+        rows: Sequence[int],
+        group_size: int,
+        *,
+        sampling: Mapping[str, Any] | None = None,
+        stage: str | None = None,
+    ) -> list[Rollout]:
+        """Enqueue the step's rollouts (or, resuming, take those a killed run enqueued for it, with
+        the seeds they had) and wait for them (`wait`)."""
+        t = self.cfg.trainer
+        ids = self.reusable.pop((split, step), None)
+        if ids:
+            self.seed_sampling(step, split, ids, sampling)
+        ids = ids or await self.enqueue(step, split, tasks, rows, group_size, sampling=sampling)
+        try:
+            return await self.wait(step, ids, t.step_timeout_s, t.min_batch_fraction, stage=stage)
+        finally:
+            self.set_sampling(ids, None)
 
     async def enqueued_after(self, step: int) -> dict[tuple[str, int], list[str]]:
         """Rollouts a killed run had enqueued for steps after `step`, by (split, step), to reuse."""
@@ -128,7 +161,7 @@ class StepRollouts:
         result: T = await self.stack.proxy_server.proxy.offloaded(work)
         return result
 
-    async def serve(self, weights: Mapping[str, Any], version: int) -> None:
+    async def serve(self, weights: EngineWeights, version: int) -> None:
         """The engine serves `weights` as `version`; a new resource version tells runners so."""
         await self.stack.proxy_server.proxy.update_weights(weights, version)
         await self.store.add_resources(self.stack.resources())

@@ -126,11 +126,10 @@ async def select_from_store(
 ) -> Selection:
     """The transitions of the store's succeeded rollouts in `algorithm.sft.splits`, cut by the
     adapter (agent_match, mode, truncation; `tokenizer` rebuilds ids a call was recorded without)
-    and chosen by `algorithm.sft` with the bar `algorithm.sft_min_reward`."""
+    and chosen by `algorithm.sft` (checked already) with the bar `algorithm.sft_min_reward`."""
     from alight.algorithms.lightning import LightningRL
 
     sft = algorithm.sft
-    check_selection(sft.select, sft.splits)
     rl = LightningRL.from_config(adapter, algorithm, tokenizer=tokenizer)
     rollouts = await store.list_rollouts()
     eligible = eligible_rollouts(rollouts, sft.splits)
@@ -219,7 +218,7 @@ def export_settings(
     config.yaml, else the defaults; then Hydra `overrides`; then the options given."""
     import dataclasses
 
-    from alight.trainer.loop import CONFIG_FILE
+    from alight.trainer.session import CONFIG_FILE
     from alight.trainer.trace import transition_settings
 
     if config is None and not is_url(target) and (Path(target).expanduser() / CONFIG_FILE).is_file():
@@ -250,6 +249,7 @@ def export_tokenizer(target: str) -> Any:
 def export_sft(target: str, out: Path, adapter: AdapterConfig, algorithm: AlgorithmConfig) -> dict[str, Any]:
     """Write the selection of the store at `target` to `out` (see `write_rows`); returns what was
     written and the selection's counts."""
+    check_selection(algorithm.sft.select, algorithm.sft.splits)
     selection = read_selection(target, adapter, algorithm, tokenizer=export_tokenizer(target))
     rows, missing = chat_rows(selection)
     if not rows:

@@ -12,7 +12,6 @@ see `alight.serving.advertise`), so that ones on other machines (Ray actors, or 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,9 +29,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def engine_options(engine: EngineConfig) -> tuple[str, dict[str, Any]]:
-    """The engine kind and the keyword arguments `make_engine` takes for it."""
-    options: dict[str, Any] = {"model": engine.model, "served_name": engine.served_name}
+def engine_options(engine: EngineConfig, *, model: str | None = None) -> tuple[str, dict[str, Any]]:
+    """The engine kind and the keyword arguments `make_engine` takes for it; `model` (a checkpoint
+    the run serves) replaces `engine.model`."""
+    options: dict[str, Any] = {"model": engine.model if model is None else model, "served_name": engine.served_name}
     if engine.kind == "embedded":
         options.update(
             device=engine.device,
@@ -91,18 +91,24 @@ def check_endpoint(base_url: str, timeout_s: float = 5.0) -> None:
 
 
 class LocalStack:
-    """Store server, proxy + engine and runner pool for one run; `with LocalStack(...) as stack:`."""
+    """Store server, proxy + engine and runner pool for one run; `with LocalStack(...) as stack:`.
+
+    `model` is what the engine serves (a run's checkpoint; default `engine.model`): runtime state
+    is handed over here, never written into the config. The config is validated already
+    (`alight.trainer.checks`): the stack checks only what it is given beside it."""
 
     def __init__(
         self,
         cfg: ExperimentConfig,
         run_dir: Path,
         *,
+        model: str | None = None,
         n_runners: int | None = None,
         weights_version: int | None = None,
         extra_resources: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.model = cfg.engine.model if model is None else model
         self.extra_resources = dict(extra_resources or {})  # published beside `llm` (e.g. a PromptTemplate)
         self.weights_version = weights_version  # recorded on spans until the first update (a resumed run's step)
         self.run_dir = run_dir
@@ -120,7 +126,7 @@ class LocalStack:
         from alight.engines.factory import make_engine
         from alight.proxy.proxy import Proxy
         from alight.proxy.server import ProxyServer
-        from alight.runner.factory import check_pool, make_pool
+        from alight.runner.factory import make_pool
         from alight.store.client import StoreClient
 
         store_advertise = self.cfg.store.advertise_url
@@ -128,8 +134,7 @@ class LocalStack:
             store_advertise = check_advertise_url(store_advertise, "store.advertise_url")
         if self.cfg.proxy.advertise_url:
             check_advertise_url(self.cfg.proxy.advertise_url, "proxy.advertise_url")
-        check_pool(dataclasses.replace(self.cfg.runner, n_runners=self.n_runners))  # before the engine loads
-        kind, options = engine_options(self.cfg.engine)
+        kind, options = engine_options(self.cfg.engine, model=self.model)
         options.update(engine_adapter_options(self.cfg))  # per-agent LoRA: the engine serves each agent's adapter
         engine = make_engine(kind, **options)  # bad engine options fail here, before anything starts
         try:
@@ -165,7 +170,7 @@ class LocalStack:
                 token=self.token,
                 advertise_url=self.cfg.proxy.advertise_url,
             ).start()
-            logger.info("LLM proxy at %s (engine %s, model %s)", self.proxy_server.url, kind, self.cfg.engine.model)
+            logger.info("LLM proxy at %s (engine %s, model %s)", self.proxy_server.url, kind, self.model)
             asyncio.run(self._publish())
             self._tell_remote_runners()
             if self.n_runners > 0:

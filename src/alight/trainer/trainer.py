@@ -6,7 +6,7 @@
 `fit` prepares the run directory and the policy (the tiny model built with the run's seed, or the
 configured model), runs the supervised warm start when configured, starts the local stack (store,
 proxy + engine serving the warm-started checkpoint, runner pool) and runs the RL loop
-(`alight.trainer.loop`). `resume=True` continues the newest checkpoint of the run directory.
+(`alight.trainer.loops`). `resume=True` continues the newest checkpoint of the run directory.
 """
 
 from __future__ import annotations
@@ -80,56 +80,26 @@ class Trainer:
         a `CommandAgent`; default: the config's `agent.entrypoint` or `agent.command`. `train_data` /
         `val_data`: lists of rows, or data specs; default: `data.train` / `data.val`. Input problems
         raise ConfigError before anything starts."""
-        from alight.backends.factory import check_backend
-        from alight.runner.factory import check_pool
-        from alight.trainer.loop import RLLoop
-        from alight.trainer.stack import runner_agent
+        from alight.trainer.checks import validate
+        from alight.trainer.loops import loop_kind, make_loop
 
         cfg = self._config_for(agent)
-        _check_trainer(cfg)
-        apo = cfg.algorithm.name == "apo"
-        if apo:  # prompt optimisation: no policy update (a warm start checks its backend when it runs)
-            from alight.algorithms.apo.checks import check_apo
-
-            check_apo(cfg.algorithm.apo)
-        else:
-            check_backend(cfg)
-        check_pool(cfg.runner)
-        runner_agent(cfg.agent)  # an entrypoint that does not import, a missing program: one line, here
-        if cfg.data.from_store is not None:  # fine-tuning from another run's store: no train rows
-            if cfg.algorithm.name != "sft":
-                raise ConfigError(f"data.from_store is read by algorithm.name=sft only, not {cfg.algorithm.name!r}")
-            return self._fit_from_store(cfg, val_data)
-        train_rows = self._rows(train_data, cfg.data.train, cfg.data.train_size, "train")
-        if train_rows is None and cfg.algorithm.name == "sft":
+        validate(cfg)
+        kind = loop_kind(cfg)
+        train_rows = (
+            None if kind == "sft_store" else self._rows(train_data, cfg.data.train, cfg.data.train_size, "train")
+        )
+        if kind == "sft_store":  # fine-tuning from another run's store: no train rows
+            train_rows = []
+        elif train_rows is None and cfg.algorithm.name == "sft":
             raise ConfigError("algorithm.name=sft needs data.from_store=RUN_DIR (the run to learn from) or data.train")
-        if train_rows is None:
+        elif train_rows is None:
             raise ConfigError("the config names no training data (data.train)")
         val_rows = self._rows(val_data, cfg.data.val, cfg.data.val_size, "val")
         if val_rows is not None and cfg.trainer.val_size is not None:
             val_rows = val_rows[: cfg.trainer.val_size]
-        if apo:
-            from alight.trainer.apo_loop import ApoLoop
-
-            loop: RLLoop = ApoLoop(
-                cfg, self._run_dir(cfg), train_rows, val_rows, resume=self.resume, watchers=self.watchers
-            )
-            return loop.run()
-        run_dir = self._run_dir(cfg)
-        return RLLoop(cfg, run_dir, train_rows, val_rows, resume=self.resume, watchers=self.watchers).run()
-
-    def _fit_from_store(self, cfg: ExperimentConfig, val_data: Rows | str | None) -> FitResult:
-        from alight.algorithms.sft import check_selection
-        from alight.trainer.sft_loop import SFTLoop
-        from alight.trainer.sft_source import check_source
-
-        check_selection(cfg.algorithm.sft.select, cfg.algorithm.sft.splits)
-        check_source(cfg.data.from_store)
-        val_rows = self._rows(val_data, cfg.data.val, cfg.data.val_size, "val")
-        if val_rows is not None and cfg.trainer.val_size is not None:
-            val_rows = val_rows[: cfg.trainer.val_size]
-        run_dir = self._run_dir(cfg)
-        return SFTLoop(cfg, run_dir, val_rows, resume=self.resume, watchers=self.watchers).run()
+        loop = make_loop(cfg, self._run_dir(cfg), train_rows, val_rows, resume=self.resume, watchers=self.watchers)
+        return loop.run()
 
     def dev(self, agent: Any = None, data: Rows | str | None = None, n: int | None = None) -> list[Any]:
         """Run the agent on `n` tasks through the full stack without training (`alight dev`)."""
@@ -179,26 +149,3 @@ class Trainer:
                 raise ConfigError(f"--resume: run directory {self.run_dir} does not exist")
             return self.run_dir
         return latest_run_dir(cfg) if self.resume else new_run_dir(cfg)
-
-
-def _check_trainer(cfg: ExperimentConfig) -> None:
-    t = cfg.trainer
-    checks = {
-        "steps": t.steps is None or t.steps >= 1,
-        "epochs": t.epochs >= 1,
-        "batch_size": t.batch_size >= 1,
-        "group_size": t.group_size >= 1,
-        "val_every": t.val_every >= 0,
-        "save_every": t.save_every >= 0,
-        "keep_checkpoints": t.keep_checkpoints >= 1,
-        "step_timeout_s": t.step_timeout_s > 0,
-        "min_batch_fraction": 0 < t.min_batch_fraction <= 1,
-    }
-    bad = [name for name, ok in checks.items() if not ok]
-    if bad:
-        raise ConfigError(f"trainer.{bad[0]} is out of range: {getattr(t, bad[0])!r}")
-    for name in ("n_gpus_per_node", "nnodes"):
-        if getattr(t, name) < 1:
-            raise ConfigError(f"trainer.{name} is out of range: {getattr(t, name)!r}")
-    if cfg.algorithm.name not in ("sft", "apo") and t.group_size < 2 and cfg.algorithm.advantage in ("grpo", "rloo"):
-        raise ConfigError(f"trainer.group_size must be at least 2 for {cfg.algorithm.advantage} advantages")

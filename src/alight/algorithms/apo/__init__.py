@@ -2,7 +2,7 @@
 
 The agent reads its prompt from a `PromptTemplate` resource; `PromptSearch` keeps a beam of the
 best-scored prompts, `LLMOptimizer` writes critiques and edits with any chat model. The trainer
-side (`alight.trainer.apo_loop`) runs the rollouts through the run's stack."""
+side (`alight.trainer.loops.apo`) runs the rollouts through the run's stack."""
 
 from alight.algorithms.apo.optimizer import Chat, LLMOptimizer, Optimizer, Proposal, critique_messages, edit_messages
 from alight.algorithms.apo.parsing import check_candidate, parse_candidates, placeholders

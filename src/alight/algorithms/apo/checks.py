@@ -11,8 +11,8 @@ from alight.errors import ConfigError
 OPTIMIZER_KINDS = ("embedded", "vllm", "litellm")
 
 
-def check_apo(apo: ApoConfig) -> SearchSettings:
-    """ConfigError for a setting the search cannot run with; else its `SearchSettings`."""
+def check_apo(apo: ApoConfig) -> None:
+    """ConfigError, in one line, for a setting the search cannot run with."""
     ranges = {
         "rounds": apo.rounds >= 1,
         "beam_width": apo.beam_width >= 1,
@@ -40,6 +40,10 @@ def check_apo(apo: ApoConfig) -> SearchSettings:
         raise ConfigError(
             "algorithm.apo.optimizer.model 'policy' (the policy's own model) needs optimizer.kind embedded"
         )
+
+
+def search_settings(apo: ApoConfig) -> SearchSettings:
+    """The search's settings from a checked `algorithm.apo`."""
     return SearchSettings(
         rounds=apo.rounds,
         beam_width=apo.beam_width,

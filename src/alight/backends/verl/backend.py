@@ -107,6 +107,8 @@ class VerlBackend:
                 f"trainer.backend verl trains algorithm.name grpo or ppo, not {cfg.algorithm.name!r} "
                 "(sft runs on trainer.backend=embedded)"
             )
+        if cfg.algorithm.loss not in ("auto", "policy"):
+            raise ConfigError(f"trainer.backend verl trains with algorithm.loss policy, not {cfg.algorithm.loss!r}")
         if cfg.warm_start.steps > 0:
             raise ConfigError(NO_WARM_START)
         from alight.backends.verl.config import CPU, verl_device
@@ -223,6 +225,9 @@ class VerlBackend:
         on_progress: Callable[[int, float], None] | None = None,
     ) -> float:
         raise ConfigError(NO_WARM_START)
+
+    def supervised_step(self, batch: TransitionBatch) -> dict[str, float]:
+        raise ConfigError("trainer.backend verl does not fine-tune from a store; use trainer.backend=embedded")
 
     def update(self, batch: TransitionBatch) -> dict[str, float]:
         """One update on `batch` (see the module docstring for the steps); metrics in alight's names."""

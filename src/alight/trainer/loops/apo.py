@@ -6,13 +6,13 @@ Each prompt scored is published as its own resource set (the `llm` resource plus
 its rollouts are pinned to that version, so the candidates of a round run together through the same
 runners without seeing each other's prompt. Validation rollouts are greedy (`trainer.val_temperature`)
 on the first `algorithm.apo.val_size` validation rows; train batches sample as the engine is set.
+A prompt's score is the mean reward of all its rollouts, a failed or unfinished one counting 0.
 The run directory gets `apo/best_prompt.txt`, `apo/best_prompt.json` and `apo/history.jsonl`
 (updated every round) and one `metrics.jsonl` line per round (round 0: the initial prompt).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import itertools
 import logging
@@ -32,22 +32,41 @@ from alight.algorithms.apo import (
     read_traces,
     save_best,
 )
-from alight.algorithms.apo.checks import check_apo
+from alight.algorithms.apo.checks import search_settings
 from alight.config.schema import EngineConfig, ExperimentConfig
 from alight.errors import ConfigError, TrainingError
-from alight.trainer.loop import RLLoop
-from alight.types import PromptTemplate
+from alight.trainer import checkpoint as ckpt
+from alight.trainer.loops.common import execute, start_stack
+from alight.trainer.policy import Policy
+from alight.trainer.result import FitResult
+from alight.trainer.rollouts import StepRollouts
+from alight.trainer.sampler import TaskSampler
+from alight.trainer.session import RunSession
+from alight.trainer.stack import LocalStack
+from alight.types import PromptTemplate, Rollout
 
 logger = logging.getLogger(__name__)
 
 POLICY = "policy"  # algorithm.apo.optimizer.model: the policy's own (warm-started) model as the optimiser
 
 
-class ApoLoop(RLLoop):
+def score_prompts(ids_of: Sequence[Sequence[str]], ended: Sequence[Rollout]) -> list[Scored]:
+    """Each prompt's score from its rollouts (`ids_of[i]`: prompt i's): the mean reward over all of
+    them, a failed, timed-out or unfinished rollout counting 0 (not skipped: a prompt whose agent
+    crashes half the time scores half)."""
+    by_id = {r.rollout_id: r for r in ended}
+    results = []
+    for ids in ids_of:
+        rewards = {
+            rid: (by_id[rid].reward if rid in by_id and by_id[rid].status.value == "succeeded" else None) for rid in ids
+        }
+        results.append(Scored(statistics.fmean((r or 0.0) for r in rewards.values()), rewards))
+    return results
+
+
+class ApoLoop:
     """One APO run in `run_dir`; `run()` does all of it. `optimizer` replaces the configured
     optimiser LLM (`algorithm.apo.optimizer`), e.g. a scripted one in tests."""
-
-    updates_weights = False
 
     def __init__(
         self,
@@ -61,14 +80,17 @@ class ApoLoop(RLLoop):
         optimizer: Optimizer | None = None,
     ) -> None:
         apo = cfg.algorithm.apo
-        self.settings = check_apo(apo)
         if resume:
             raise ConfigError("--resume: an APO run does not resume; start a new one (its best prompt is in apo/)")
         if not val_rows:
             raise ConfigError("algorithm apo scores prompts on validation tasks: set data.val")
-        super().__init__(cfg, run_dir, train_rows, val_rows[: apo.val_size], watchers=watchers)
+        self.cfg = cfg
         self.apo = apo
-        self.total_steps = apo.rounds
+        self.settings = search_settings(apo)
+        self.train_rows = train_rows
+        self.val_rows = val_rows[: apo.val_size]
+        self.session = RunSession(cfg, run_dir, watchers=watchers)
+        self.policy = Policy(cfg, self.session)
         self.optimizer = optimizer
         self.optimizer_engine: Any = None
         if optimizer is None:  # bad optimiser options fail here, before anything starts
@@ -76,79 +98,53 @@ class ApoLoop(RLLoop):
         self.served_model = cfg.engine.model
         self.round_started = time.monotonic()
 
-    # -- the policy: prepared once, never updated ---------------------------------------------------
-    def _announce(self) -> None:
+    def run(self) -> FitResult:
         cfg, apo = self.cfg, self.apo
-        self.events.on_start(
-            {
-                "run_name": self.run_dir.name,
-                "run_dir": str(self.run_dir),
-                "total_steps": apo.rounds,
-                "algorithm": "apo",
-                "model": cfg.engine.model,
-                "optimizer": f"{apo.optimizer.kind}:{apo.optimizer.model}" if self.optimizer is None else "custom",
-                "n_runners": cfg.runner.n_runners,
-                "batch_size": apo.train_batch_size,
-                "group_size": 1,
-                "val_size": len(self.val_rows or []),
-                "beam_width": apo.beam_width,
-                "warm_start_steps": cfg.warm_start.steps if self._warm_starts() else 0,
-                "resumed_from": None,
-                "history": [],
-            }
-        )
+        with self.session as session:
+            session.announce(
+                {
+                    "total_steps": apo.rounds,
+                    "algorithm": "apo",
+                    "model": cfg.engine.model,
+                    "optimizer": f"{apo.optimizer.kind}:{apo.optimizer.model}" if self.optimizer is None else "custom",
+                    "n_runners": cfg.runner.n_runners,
+                    "batch_size": apo.train_batch_size,
+                    "group_size": 1,
+                    "val_size": len(self.val_rows),
+                    "beam_width": apo.beam_width,
+                    "warm_start_steps": cfg.warm_start.steps if self._warm_starts() else 0,
+                }
+            )
+            return execute(session, self.policy, self._search_prompts)
 
+    # -- the policy: prepared once, never updated ---------------------------------------------------
     def _warm_starts(self) -> bool:
-        cfg = self.cfg
-        return cfg.engine.kind != "litellm" and cfg.warm_start.steps > 0 and bool(cfg.warm_start.data)
+        return self.cfg.engine.kind != "litellm" and self.policy.warm_starts()
 
-    def _prepare_policy(self) -> Path:
+    def _served(self) -> str:
         """The model the engine serves: warm-started (the backend trains it, then is closed), the
         tiny model, or the configured model as it is (any engine kind: APO updates no weight)."""
-        from alight.trainer.checkpoint import seed_everything
-
         cfg = self.cfg
         if self._warm_starts():
-            policy_cfg = self.cfg
-            # The backend only runs the warm start; it checks the algorithm name, so it sees `sft`.
-            self.cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, name="sft"))
-            try:
-                served = super()._prepare_policy()
-            finally:
-                self.cfg = policy_cfg
-            assert self.backend is not None
-            self.backend.close()  # its memory is the engine's now
-            self.backend = None
-            self.served_model = str(served)
-            return served
-        seed_everything(cfg.trainer.seed)
+            served = self.policy.prepare()
+            self.policy.close()  # its memory is the engine's now
+            return str(served)
+        ckpt.seed_everything(cfg.trainer.seed)
         if cfg.engine.kind == "embedded" and cfg.engine.model == "tiny":
-            self.served_model = str(self._base_model())
-        return Path(self.served_model)
-
-    def _save(self) -> Path:
-        if self.backend is None:  # nothing to checkpoint: the prompts are saved every round
-            return self.run_dir
-        return super()._save()
+            return str(self.policy.base_model())
+        return cfg.engine.model
 
     # -- the search -----------------------------------------------------------------------------------
-    def _train(self, served: Path) -> None:
-        from alight.trainer.stack import LocalStack
-
-        cfg = self.cfg
-        stack_cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, model=self.served_model))
+    def _search_prompts(self) -> None:
+        self.served_model = self._served()
         initial = {self.apo.resource: PromptTemplate(template=self.apo.prompt)}
-        self.events.on_stage("starting store, engine and runners", 0, 1)
-        with LocalStack(stack_cfg, self.run_dir, weights_version=0, extra_resources=initial) as stack:
-            asyncio.run(self._search(stack))
+        with start_stack(self.session, self.served_model, weights_version=0, extra_resources=initial) as stack:
+            self.session.run_async(self._search(stack))
 
-    async def _search(self, stack: Any) -> None:
-        from alight.trainer.rollouts import StepRollouts
-        from alight.trainer.sampler import TaskSampler
-
+    async def _search(self, stack: LocalStack) -> None:
         store = stack.trainer_store()
         try:
-            rollouts = StepRollouts(store, stack, self.cfg, self.events)
+            rollouts = StepRollouts(store, stack, self.cfg, self.session.events)
             sampler = TaskSampler(len(self.train_rows), self.apo.train_batch_size, self.cfg.trainer.seed, 0)
             optimizer = self.optimizer or LLMOptimizer(await self._optimizer_chat())
 
@@ -176,7 +172,7 @@ class ApoLoop(RLLoop):
             await self.optimizer_engine.close()
             self.optimizer_engine = _make_engine(dataclasses.replace(spec, model=self.served_model))
         engine = self.optimizer_engine
-        self.events.on_stage("loading the optimiser", 0, 1)
+        self.session.events.on_stage("loading the optimiser", 0, 1)
         await engine.start()
         calls = itertools.count()
 
@@ -195,7 +191,13 @@ class ApoLoop(RLLoop):
         return chat
 
     async def _evaluate(
-        self, stack: Any, rollouts: Any, sampler: Any, prompts: Sequence[str], round_: int, split: str
+        self,
+        stack: LocalStack,
+        rollouts: StepRollouts,
+        sampler: TaskSampler,
+        prompts: Sequence[str],
+        round_: int,
+        split: str,
     ) -> list[Scored]:
         """Each prompt on the split's tasks (val: the validation rows; train: a fresh batch per
         prompt), all at once, each prompt's rollouts pinned to its own resource set."""
@@ -208,7 +210,6 @@ class ApoLoop(RLLoop):
             resources = {**stack.resources(), self.apo.resource: PromptTemplate(template=prompt)}
             version = (await rollouts.store.add_resources(resources)).version
             if split == "val":
-                assert self.val_rows is not None
                 rows, tasks = list(range(len(self.val_rows))), [task_input(r, field) for r in self.val_rows]
             else:
                 rows = sampler.next_batch()
@@ -226,26 +227,21 @@ class ApoLoop(RLLoop):
             rollouts.set_sampling(every, None)
         await rollouts.summarise(ended, split)  # reports failed rollouts' errors to the watchers
         if not any(r.status.value == "succeeded" for r in ended):
-            raise TrainingError(f"round {round_}: every {split} rollout failed; see {self.run_dir / 'train.log'}")
-        by_id = {r.rollout_id: r for r in ended}
-        results = []
-        for ids in ids_of:
-            rewards = {
-                rid: (by_id[rid].reward if rid in by_id and by_id[rid].status.value == "succeeded" else None)
-                for rid in ids
-            }
-            results.append(Scored(statistics.fmean((r or 0.0) for r in rewards.values()), rewards))
-        return results
+            raise TrainingError(
+                f"round {round_}: every {split} rollout failed; see {self.session.run_dir / 'train.log'}"
+            )
+        return score_prompts(ids_of, ended)
 
     def _on_round(self, report: RoundReport) -> None:
         best = report.best
         scored = [c for c in report.candidates if c.score is not None]
         refused = [c for c in report.candidates if c.error is not None]
-        append_history(self.run_dir, report.candidates)
-        save_best(self.run_dir, best)
+        run_dir = self.session.run_dir
+        append_history(run_dir, report.candidates)
+        save_best(run_dir, best)
         if refused:
             example = refused[0].error
-            self.events.on_error(
+            self.session.events.on_error(
                 f"round {report.round}: {len(refused)} of {len(report.candidates)} candidates refused ({example})"
             )
         now = time.monotonic()
@@ -265,10 +261,10 @@ class ApoLoop(RLLoop):
         if report.train_score is not None:
             metrics["train/reward_mean"] = report.train_score
         if report.round == 0:
-            metrics.update(self.warm_start_metrics)  # its loss and time, as RL's step 0 logs them
+            metrics.update(self.policy.warm_start_metrics)  # its loss and time, as RL's step 0 logs them
         self.round_started = now
-        self.step = report.round
-        self._log(metrics)
+        self.session.progress.step = report.round
+        self.session.record(metrics)
 
 
 def _make_engine(spec: EngineConfig) -> Any:

@@ -1,0 +1,76 @@
+"""Validate once: every setting a run cannot start with, checked in one pass before anything
+starts (one-line `ConfigError`s), each part's check called once.
+
+`Trainer.fit` calls `validate(cfg)` once; the loops, the backend factory, the stack and the runner
+pool then trust the config they are given.
+"""
+
+from __future__ import annotations
+
+from alight.config.schema import ExperimentConfig
+from alight.errors import ConfigError
+
+ALGORITHMS = ("grpo", "ppo", "sft", "apo")
+
+
+def validate(cfg: ExperimentConfig) -> None:
+    """ConfigError, in one line, for the first setting `cfg` cannot run with (see the module docstring)."""
+    from alight.backends.factory import check_backend
+    from alight.runner.factory import check_pool
+    from alight.trainer.loops import loop_kind
+    from alight.trainer.stack import runner_agent
+
+    check_trainer(cfg)
+    name = cfg.algorithm.name
+    if name not in ALGORITHMS:
+        raise ConfigError(f"algorithm.name must be one of {', '.join(ALGORITHMS)}, got {name!r}")
+    kind = loop_kind(cfg)
+    if kind == "apo":  # prompt optimisation: a backend only for a warm start
+        from alight.algorithms.apo.checks import check_apo
+
+        check_apo(cfg.algorithm.apo)
+        if cfg.engine.kind != "litellm" and cfg.warm_start.steps > 0 and cfg.warm_start.data:
+            check_backend(cfg)
+    else:
+        if cfg.engine.kind == "litellm":
+            raise ConfigError("engine.kind litellm serves a model alight cannot update; train with embedded or vllm")
+        check_backend(cfg)
+    if kind == "sft_store":
+        _check_from_store(cfg)
+    check_pool(cfg.runner)
+    runner_agent(cfg.agent)  # an entrypoint that does not import, a missing program: one line, here
+
+
+def _check_from_store(cfg: ExperimentConfig) -> None:
+    from alight.algorithms.sft import check_selection
+    from alight.trainer.sft_source import check_source
+
+    if cfg.algorithm.name != "sft":
+        raise ConfigError(f"data.from_store is read by algorithm.name=sft only, not {cfg.algorithm.name!r}")
+    if cfg.algorithm.sft.batch_size < 1:
+        raise ConfigError(f"algorithm.sft.batch_size is out of range: {cfg.algorithm.sft.batch_size!r}")
+    check_selection(cfg.algorithm.sft.select, cfg.algorithm.sft.splits)
+    check_source(cfg.data.from_store)
+
+
+def check_trainer(cfg: ExperimentConfig) -> None:
+    t = cfg.trainer
+    checks = {
+        "steps": t.steps is None or t.steps >= 1,
+        "epochs": t.epochs >= 1,
+        "batch_size": t.batch_size >= 1,
+        "group_size": t.group_size >= 1,
+        "val_every": t.val_every >= 0,
+        "save_every": t.save_every >= 0,
+        "keep_checkpoints": t.keep_checkpoints >= 1,
+        "step_timeout_s": t.step_timeout_s > 0,
+        "min_batch_fraction": 0 < t.min_batch_fraction <= 1,
+    }
+    bad = [name for name, ok in checks.items() if not ok]
+    if bad:
+        raise ConfigError(f"trainer.{bad[0]} is out of range: {getattr(t, bad[0])!r}")
+    for name in ("n_gpus_per_node", "nnodes"):
+        if getattr(t, name) < 1:
+            raise ConfigError(f"trainer.{name} is out of range: {getattr(t, name)!r}")
+    if cfg.algorithm.name not in ("sft", "apo") and t.group_size < 2 and cfg.algorithm.advantage in ("grpo", "rloo"):
+        raise ConfigError(f"trainer.group_size must be at least 2 for {cfg.algorithm.advantage} advantages")

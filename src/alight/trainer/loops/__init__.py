@@ -1,0 +1,66 @@
+"""The loops a run can be: one `Loop` protocol, one file per loop, and `make_loop` to choose.
+
+| loop | chosen by | file |
+| --- | --- | --- |
+| RL (GRPO, PPO, SFT on the agent's best rollouts) | `algorithm.name` grpo, ppo, sft | `rl.py` |
+| APO (prompt search, no weight changes) | `algorithm.name: apo` | `apo.py` |
+| fine-tuning from a stored run | `algorithm.name: sft` with `data.from_store` | `sft_store.py` |
+
+Each loop composes the shared parts (`alight.trainer.session.RunSession`: run directory, metrics,
+signals, the result; `alight.trainer.policy.Policy`: starting weights, backend, warm start,
+checkpoints; `alight.trainer.stack.LocalStack`; `alight.trainer.validation`) rather than overriding
+another loop's hooks. A new loop is a new file here plus a line in `LOOPS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from alight.config.schema import ExperimentConfig
+from alight.trainer.result import FitResult
+
+Rows = list[dict[str, Any]]
+
+#: loop kind -> "module:class" (imported when chosen).
+LOOPS: dict[str, str] = {
+    "rl": "alight.trainer.loops.rl:RLLoop",
+    "apo": "alight.trainer.loops.apo:ApoLoop",
+    "sft_store": "alight.trainer.loops.sft_store:SFTStoreLoop",
+}
+
+
+class Loop(Protocol):
+    """One run of one algorithm in a run directory: `run()` does all of it and returns the result.
+
+    Every loop class is built as `cls(cfg, run_dir, train_rows, val_rows, resume=..., watchers=...)`
+    with the config already validated (`alight.trainer.checks.validate`)."""
+
+    def run(self) -> FitResult: ...
+
+
+def loop_kind(cfg: ExperimentConfig) -> str:
+    """Which loop runs `cfg` (a key of `LOOPS`)."""
+    if cfg.data.from_store is not None:
+        return "sft_store"
+    if cfg.algorithm.name == "apo":
+        return "apo"
+    return "rl"
+
+
+def make_loop(
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    train_rows: Rows,
+    val_rows: Rows | None,
+    *,
+    resume: bool = False,
+    watchers: Sequence[Any] = (),
+) -> Loop:
+    """The loop that runs `cfg` (see `LOOPS`)."""
+    module, name = LOOPS[loop_kind(cfg)].split(":")
+    cls = getattr(importlib.import_module(module), name)
+    loop: Loop = cls(cfg, run_dir, train_rows, val_rows, resume=resume, watchers=watchers)
+    return loop
