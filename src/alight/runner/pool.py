@@ -15,10 +15,10 @@ import signal
 import time
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from alight.errors import ConfigError
-from alight.runner.supervisor import Supervisor
+from alight.runner.supervisor import PoolOptions, Supervisor
 from alight.runner.transport import Event, RunnerHandle
 from alight.runner.worker import DRAIN_SIGNALS, EXIT_CONFIG, EXIT_DRAINED, EXIT_RECYCLE, WorkerSpec, worker_main
 
@@ -36,7 +36,7 @@ class RunnerPool(Supervisor):
     arguments (`n_runners`, `tracer`, `drain_timeout_s`, `kill_grace_s`, `restart_backoff_s`,
     `max_restarts`, `instrument`, ...) are the supervisor's (alight.runner.supervisor)."""
 
-    def __init__(self, agent: str | LitAgent, store_url: str, **options: Any) -> None:
+    def __init__(self, agent: str | LitAgent, store_url: str, **options: Unpack[PoolOptions]) -> None:
         if not isinstance(agent, str):
             try:
                 pickle.dumps(agent)

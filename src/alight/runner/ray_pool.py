@@ -15,12 +15,12 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from alight.config.schema import RayConfig
 from alight.runner.ray_actor import EVENT_POLL_S, RunnerActor
 from alight.runner.ray_cluster import actor_options, check_capacity, connect
-from alight.runner.supervisor import Supervisor
+from alight.runner.supervisor import PoolOptions, Supervisor
 from alight.runner.transport import Event, RunnerHandle
 from alight.runner.worker import WorkerSpec
 
@@ -48,7 +48,7 @@ class RayRunnerPool(Supervisor):
         *,
         ray: RayConfig | None = None,
         unresponsive_s: float = 60.0,
-        **options: Any,
+        **options: Unpack[PoolOptions],
     ) -> None:
         self.ray_config = ray or RayConfig()
         self.unresponsive_s = unresponsive_s
