@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from alight.types import AttemptStatus
@@ -29,6 +29,19 @@ class PoolStats:
     @property
     def attempts_finished(self) -> int:
         return self.attempts_succeeded + self.attempts_failed + self.attempts_timed_out + self.attempts_ended_elsewhere
+
+    def plus(self, field: str) -> PoolStats:
+        """These counts with `field` one higher."""
+        return replace(self, **{field: getattr(self, field) + 1})
+
+    def plus_attempt(self, status: AttemptStatus | None) -> PoolStats:
+        """These counts with one more attempt ended as `status` (None: the store ended it first)."""
+        field = {
+            AttemptStatus.SUCCEEDED: "attempts_succeeded",
+            AttemptStatus.TIMEOUT: "attempts_timed_out",
+            None: "attempts_ended_elsewhere",
+        }.get(status, "attempts_failed")
+        return self.plus(field)
 
 
 @dataclass

@@ -257,7 +257,7 @@ class Supervisor:
         )
         seat.runner = self.transport.spawn(spec)
         seat.holding, seat.ready, seat.restart_at, seat.kill_reason = None, False, None, None
-        self._count("workers_started")
+        self._stats = self._stats.plus("workers_started")
 
     def _supervise(self) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, DRAIN_SIGNALS)  # the main thread handles Ctrl-C
@@ -301,7 +301,7 @@ class Supervisor:
             if seat.runner is None:
                 if seat.restart_at is not None and now >= seat.restart_at and self._stop_deadline is None:
                     self._spawn(seat)
-                    self._count("workers_restarted")
+                    self._stats = self._stats.plus("workers_restarted")
                 continue
             for event in seat.runner.poll(now):
                 endings.extend(self._on_event(seat, event, now))
@@ -327,7 +327,7 @@ class Supervisor:
             if seat.holding is not None and seat.holding.attempt_id == attempt_id:
                 seat.holding = None
             seat.crashes = 0
-            self._count_attempt(None if status is None else AttemptStatus(status))
+            self._stats = self._stats.plus_attempt(None if status is None else AttemptStatus(status))
         elif kind == "exit":
             return self._on_exit(seat, str(event[1]), str(event[2]), now)
         return []
@@ -360,7 +360,7 @@ class Supervisor:
         replace_in: float | None = None
         if seat.kill_reason is not None:
             status, error = seat.kill_reason
-            self._count("workers_killed")
+            self._stats = self._stats.plus("workers_killed")
             replace_in = 0.0
         elif how == "fatal":
             status, error = AttemptStatus.FAILED, seat.fatal or f"the {noun} could not start"
@@ -374,7 +374,7 @@ class Supervisor:
             replace_in = 0.0
         else:
             status, error = AttemptStatus.FAILED, f"{noun} died ({detail})"
-            self._count("workers_died")
+            self._stats = self._stats.plus("workers_died")
             seat.crashes += 1
             replace_in = self.backoff(seat.crashes)
             if self.max_restarts is not None and self._stats.workers_died > self.max_restarts:
@@ -387,20 +387,9 @@ class Supervisor:
             seat.restart_at = now + replace_in
         if held is None:
             return []
-        self._count_attempt(status)
+        self._stats = self._stats.plus_attempt(status)
         return [(held.attempt_id, status, error)]
 
     def backoff(self, crashes: int) -> float:
         """Seconds before replacing a runner that died after `crashes` deaths in a row in its seat."""
         return float(min(self.max_restart_backoff_s, self.restart_backoff_s * 2 ** (crashes - 1)))
-
-    def _count(self, field: str) -> None:
-        self._stats = replace(self._stats, **{field: getattr(self._stats, field) + 1})
-
-    def _count_attempt(self, status: AttemptStatus | None) -> None:
-        field = {
-            AttemptStatus.SUCCEEDED: "attempts_succeeded",
-            AttemptStatus.TIMEOUT: "attempts_timed_out",
-            None: "attempts_ended_elsewhere",
-        }.get(status, "attempts_failed")
-        self._count(field)
