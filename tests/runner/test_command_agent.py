@@ -80,6 +80,14 @@ echo 'done, bye'
     assert agent_span.name == "shell" and env["ALIGHT_PARENT_SPAN_ID"] == agent_span.span_id
 
 
+async def test_a_last_stdout_line_without_a_newline_is_still_read_as_the_reward(tmp_path: Path) -> None:
+    store = MemoryStore()
+    done = await run_one(script(tmp_path, "echo 0.25\nprintf '{\"reward\": 0.75}'\n"), store)
+    assert done.status is RolloutStatus.SUCCEEDED and done.reward == pytest.approx(0.75)
+    done = await run_one(script(tmp_path, "printf 0.5\n", name="alone.sh"), store)  # the only line
+    assert done.status is RolloutStatus.SUCCEEDED and done.reward == pytest.approx(0.5)
+
+
 async def test_the_reward_file_wins_over_stdout(tmp_path: Path) -> None:
     agent = script(tmp_path, 'echo 1\nprintf \'{"reward": 0.5}\' > "$ALIGHT_REWARD_FILE"\n')
     done = await run_one(agent, MemoryStore())

@@ -247,6 +247,21 @@ def test_a_bad_runner_config_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch
     check_pool(RunnerConfig(backend="local"))  # the local pool needs no Ray
 
 
+def test_check_pool_is_cheap_and_the_same_every_time() -> None:
+    """The trainer checks the runner config once at load; a check imports no Ray (seconds) and
+    changes nothing, so a second call answers as the first."""
+    code = """import sys
+from alight.config.schema import RayConfig, RunnerConfig
+from alight.runner.factory import check_pool
+cfg = RunnerConfig(backend="ray", ray=RayConfig(num_cpus=0.5))
+check_pool(cfg)
+check_pool(cfg)
+print("ray" in sys.modules, cfg == RunnerConfig(backend="ray", ray=RayConfig(num_cpus=0.5)))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["False", "True"], done.stderr
+
+
 def test_alight_runner_with_an_unknown_backend_exits_2_with_one_line() -> None:
     command = [sys.executable, "-m", "alight", "runner", "--store", "http://127.0.0.1:1", "--agent", "m:f"]
     done = subprocess.run([*command, "--backend", "k8s"], capture_output=True, text=True, timeout=60)

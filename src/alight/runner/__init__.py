@@ -1,9 +1,10 @@
 """Runners: claim rollouts from the store, run the user's agent on them, report how they ended.
 
-`Runner` is one loop in-process; `RunnerPool` runs `n_runners` of them in worker processes under
-a supervisor that kills hung workers and replaces dead ones; `RayRunnerPool` runs them as Ray
-actors; both keep the `Pool` protocol, and `make_pool` picks one by `runner.backend`;
-`run_pool_until_interrupted` is the `alight runner` command's body.
+`Runner` is one loop in-process. One supervisor (`alight.runner.supervisor`) keeps `n_runners` of
+them alive over a transport (`alight.runner.transport`): it kills hung runners, replaces dead ones
+with a backoff and a restart budget, scales and drains. `RunnerPool` runs them in worker
+processes, `RayRunnerPool` as Ray actors; both keep the `Pool` protocol, and `make_pool` picks one
+by `runner.backend`; `run_pool_until_interrupted` is the `alight runner` command's body.
 """
 
 from __future__ import annotations

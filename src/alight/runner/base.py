@@ -2,9 +2,10 @@
 
 A pool runs `n_runners` runners of one agent against a store server's URL, keeps that many alive
 (a runner that dies has its attempt recorded as failed, to be retried, and is replaced), and
-stops by draining: runners stop claiming and finish their attempts within a timeout. The local
-pool (`alight.runner.pool.RunnerPool`) runs them as worker processes, the Ray pool
-(`alight.runner.ray_pool.RayRunnerPool`) as Ray actors; `alight.runner.factory.make_pool` picks one.
+stops by draining: runners stop claiming and finish their attempts within a timeout. Both pools
+are the one runner supervisor (`alight.runner.supervisor.Supervisor`) over a transport: the local
+pool (`alight.runner.pool.RunnerPool`) runs worker processes, the Ray pool
+(`alight.runner.ray_pool.RayRunnerPool`) Ray actors; `alight.runner.factory.make_pool` picks one.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ POOL_BACKENDS = ("local", "ray")
 
 
 def check_pool(cfg: RunnerConfig) -> None:
-    """ConfigError, in one line, for runner settings no pool can start with (before anything runs)."""
+    """ConfigError, in one line, for runner settings no pool can start with (before anything runs).
+    Cheap (imports nothing heavy, Ray included) and free of effects, so calling it again is harmless."""
     if cfg.backend not in POOL_BACKENDS:
         raise ConfigError(f"runner.backend must be one of {', '.join(POOL_BACKENDS)}, got {cfg.backend!r}")
     if cfg.n_runners < 0:
@@ -43,9 +44,9 @@ def check_ray(cfg: RayConfig) -> None:
         raise ConfigError(f"runner.ray.local_cpus must be at least 1, got {cfg.local_cpus}")
     if cfg.address is not None and not (cfg.address == "auto" or ":" in cfg.address):
         raise ConfigError(f"runner.ray.address must be 'auto', HOST:PORT or ray://HOST:PORT, got {cfg.address!r}")
-    from alight.runner.ray_cluster import import_ray
+    from alight.runner.ray_cluster import check_ray_installed
 
-    import_ray()
+    check_ray_installed()
 
 
 def make_pool(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from typing import Any
 
@@ -11,6 +12,13 @@ from alight.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 RAY_EXTRA = "pip install 'alight[ray]'"
+
+
+def check_ray_installed() -> None:
+    """ConfigError naming the extra to install when Ray is missing; finds Ray without importing it
+    (an import takes seconds), so a config check stays cheap."""
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(f"runner.backend=ray needs Ray, which is not installed: {RAY_EXTRA}")
 
 
 def import_ray() -> Any:

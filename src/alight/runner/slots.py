@@ -1,15 +1,14 @@
-"""What the runner pool's supervisor knows about each worker process, and the pool's counts."""
+"""What the runner supervisor knows about each seat of its pool, and the pool's counts."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from alight.types import AttemptStatus
+
+if TYPE_CHECKING:
+    from alight.runner.transport import RunnerHandle
 
 
 @dataclass(frozen=True)
@@ -31,53 +30,45 @@ class PoolStats:
     def attempts_finished(self) -> int:
         return self.attempts_succeeded + self.attempts_failed + self.attempts_timed_out + self.attempts_ended_elsewhere
 
+    def plus(self, field: str) -> PoolStats:
+        """These counts with `field` one higher."""
+        return replace(self, **{field: getattr(self, field) + 1})
+
+    def plus_attempt(self, status: AttemptStatus | None) -> PoolStats:
+        """These counts with one more attempt ended as `status` (None: the store ended it first)."""
+        field = {
+            AttemptStatus.SUCCEEDED: "attempts_succeeded",
+            AttemptStatus.TIMEOUT: "attempts_timed_out",
+            None: "attempts_ended_elsewhere",
+        }.get(status, "attempts_failed")
+        return self.plus(field)
+
 
 @dataclass
 class Held:
-    """The attempt a worker told the supervisor it holds."""
+    """The attempt a runner told the supervisor it holds."""
 
     attempt_id: str
     rollout_id: str
     timeout_s: float | None
-    deadline: float | None  # monotonic time past which the supervisor kills the worker
+    deadline: float | None  # the supervisor's clock time past which it kills the runner
 
 
 @dataclass
-class Slot:
-    """One place in the pool: its current worker process (replaced as workers die) and its state."""
+class Seat:
+    """One place in the pool: its current runner (replaced as runners die) and its state."""
 
     index: int
     generation: int = 0
-    process: BaseProcess | None = None
-    conn: Connection | None = None
+    runner: RunnerHandle | None = None
     holding: Held | None = None
     ready: bool = False
     fatal: str | None = None
     crashes: int = 0  # consecutive deaths without a finished attempt in between
     restart_at: float | None = None
     kill_reason: tuple[AttemptStatus, str] | None = None
-    retired: bool = False  # scaled away: its worker drains and is not replaced
+    retired: bool = False  # scaled away: its runner drains and is not replaced
 
-
-def alive(process: BaseProcess | None) -> bool:
-    return process is not None and process.exitcode is None
-
-
-def send_signal(process: BaseProcess | None, signum: signal.Signals) -> None:
-    if process is not None and process.pid is not None and process.exitcode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signum)
-
-
-def describe(slot: Slot) -> str:
-    pid = slot.process.pid if slot.process is not None else None
-    return f"w{slot.index}.{slot.generation} (pid {pid})" if pid else f"w{slot.index}.{slot.generation}"
-
-
-def exit_text(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+    @property
+    def alive(self) -> bool:
+        return self.runner is not None and self.runner.alive
