@@ -109,12 +109,12 @@ def test_zero_advantages_run_no_forward_and_no_optimizer_step(tiny_dir: Path, na
     # weight decay and warm-up: a step with a zero gradient would still move the weights and the lr
     b = backend(tiny_dir, name=name, weight_decay=0.1, warmup_steps=5, micro_batch_size=2, mini_batch_size=2)
     calls = forward_counter(b)
-    before, lr = weights(b), b.scheduler.get_last_lr()[0]
+    before, lr = weights(b), b.optimization.scheduler.get_last_lr()[0]
     metrics = b.update(batch_of(transitions([0.0, 0.0, 0.0])))
     assert changed(before, weights(b)) == []
     assert calls == []
-    assert not b.optimizer.state  # AdamW never stepped
-    assert b.scheduler.get_last_lr()[0] == lr  # warm-up counts real updates only
+    assert not b.optimization.optimizer.state  # AdamW never stepped
+    assert b.optimization.scheduler.get_last_lr()[0] == lr  # warm-up counts real updates only
     epochs = 4 if name == "ppo" else 1
     assert metrics["actor/optimizer_steps"] == 0.0
     assert metrics["actor/skipped_steps"] == epochs * 2  # mini-batches of 2, 1
@@ -202,7 +202,7 @@ def applied_gradients(b: EmbeddedBackend) -> dict[str, torch.Tensor]:
     def keep(optimizer: Any, *_: Any) -> None:
         grads.update({names[p]: p.grad.clone() for group in optimizer.param_groups for p in group["params"]})
 
-    b.optimizer.register_step_pre_hook(keep)
+    b.optimization.optimizer.register_step_pre_hook(keep)
     return grads
 
 
@@ -318,7 +318,7 @@ def test_save_then_load_restores_weights_and_optimizer(tiny_dir: Path, tmp_path:
     saved = weights(original)
     for key, value in weights(restored).items():
         assert torch.equal(value, saved[key]), key
-    assert restored.scheduler.get_last_lr() == original.scheduler.get_last_lr()
+    assert restored.optimization.scheduler.get_last_lr() == original.optimization.scheduler.get_last_lr()
 
     rows = transitions([0.5, -1.0, 1.0], seed=1)
     m_original, m_restored = original.update(batch_of(rows)), restored.update(batch_of(rows))

@@ -1,6 +1,7 @@
 """Per-agent LoRA on the real tiny model: each adapter learns only from its own agent's rows, with
-its own optimizer; checkpoints round-trip every adapter and optimizer; the embedded engine answers
-each agent with its adapter; bad settings are one-line errors (exit code 2 from the CLI)."""
+its own optimizer and learning-rate schedule; checkpoints round-trip every adapter, optimizer and
+schedule; the factory picks the backend and the engine options it states; the embedded engine
+answers each agent with its adapter; bad settings are one-line errors (exit code 2 from the CLI)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import pytest
 import torch
 
 from alight.algorithms.batch import TransitionBatch
-from alight.backends.per_agent_lora import PerAgentLoraBackend, check_per_agent
+from alight.backends.embedded import EmbeddedBackend
+from alight.backends.factory import backend_for, check_backend
+from alight.backends.per_agent_lora import PerAgentLoraBackend
 from alight.config.schema import AlgorithmConfig, EngineConfig, ExperimentConfig, LoraConfig, TrainerConfig
 from alight.errors import ConfigError
 from alight.types import Transition
@@ -56,7 +59,7 @@ def test_an_update_moves_only_the_adapters_of_the_agents_in_the_batch(tiny_dir: 
         assert metrics[f"actor/{trained}/rows"] == 2 and f"actor/{other}/rows" not in metrics
         assert metrics["actor/rows_without_adapter"] == 2 and metrics["actor/optimizer_steps"] == 1
     # each adapter has its own AdamW: one step each so far
-    steps = {a: [s["step"] for s in opt.state.values()] for a, (opt, _) in policy.optimizers.items()}
+    steps = {a: [s["step"] for s in o.optimizer.state.values()] for a, o in policy.optimizers.items()}
     assert all(values and all(int(v) == 1 for v in values) for values in steps.values()), steps
     both = policy.update(batch("writer", "rewriter"))
     assert both["actor/optimizer_steps"] == 2 and both["actor/agents_updated"] == 2
@@ -78,21 +81,63 @@ def test_the_base_model_never_changes_and_is_the_kl_reference(tiny_dir: Path) ->
     assert all(torch.equal(original[k], weights[k]) for k in original)
 
 
-def test_a_checkpoint_restores_every_adapter_and_optimizer(tiny_dir: Path, tmp_path: Path) -> None:
-    first = backend(tiny_dir)
-    first.update(batch("writer", "rewriter"))
-    first.update(batch("writer"))
+#: Updates of the two runs below: the writer's adapter three times, the rewriter's once.
+UPDATES = (("writer",), ("writer", "rewriter"), ("writer",))
+#: algorithm.warmup_steps=4 at lr 1e-2: after n steps of its own an adapter's lr is 1e-2 * (n + 1) / 5.
+WARMUP = 4
+
+
+def test_each_adapter_warms_up_on_its_own_updates_only(tiny_dir: Path) -> None:
+    policy = backend(tiny_dir, warmup_steps=WARMUP)
+    used: dict[str, list[float]] = {a: [] for a in AGENTS}
+    for agents in UPDATES:
+        metrics = policy.update(batch(*agents))
+        for agent in agents:
+            used[agent].append(metrics[f"actor/{agent}/lr"])
+    # the lr each step used: its own step 0, 1, 2 for the writer, step 0 for the rewriter
+    assert used == {"writer": pytest.approx([2e-3, 4e-3, 6e-3]), "rewriter": pytest.approx([2e-3])}
+    # what AdamW applies next, read from its parameter groups
+    next_lr = {a: policy.optimizers[a].optimizer.param_groups[0]["lr"] for a in AGENTS}
+    assert next_lr == {"writer": pytest.approx(8e-3), "rewriter": pytest.approx(4e-3)}
+
+
+def test_a_resumed_run_restores_every_adapter_optimizer_and_schedule(tiny_dir: Path, tmp_path: Path) -> None:
+    first = backend(tiny_dir, warmup_steps=WARMUP)
+    for agents in UPDATES:
+        first.update(batch(*agents))
     first.save(tmp_path / "ckpt")
     assert sorted(p.name for p in (tmp_path / "ckpt" / "adapters").iterdir() if p.is_dir()) == sorted(AGENTS)
-    second = backend(tiny_dir)
+    second = backend(tiny_dir, warmup_steps=WARMUP)
     second.load(tmp_path / "ckpt")
     for agent in AGENTS:
         assert same(first.adapter_tensors(agent), second.adapter_tensors(agent))
-    # resuming is exact: the same next update gives the same adapters (optimizer moments restored)
-    first.update(batch("rewriter", "writer"))
-    second.update(batch("rewriter", "writer"))
+    next_lr = {a: second.optimizers[a].optimizer.param_groups[0]["lr"] for a in AGENTS}
+    assert next_lr == {"writer": pytest.approx(8e-3), "rewriter": pytest.approx(4e-3)}  # as in the run above
+    # resuming is exact: the same next update gives the same metrics and adapters (moments, lrs restored)
+    assert first.update(batch("rewriter", "writer")) == second.update(batch("rewriter", "writer"))
     for agent in AGENTS:
         assert same(first.adapter_tensors(agent), second.adapter_tensors(agent))
+
+
+def test_the_factory_picks_the_backend_and_asks_it_for_the_engine_options() -> None:
+    lora = LoraConfig(per_agent=True, agents=AGENTS, r=4)
+    per_agent = ExperimentConfig(algorithm=AlgorithmConfig(lora=lora))
+    assert backend_for(per_agent) is PerAgentLoraBackend
+    options = backend_for(per_agent).engine_options(per_agent)
+    assert options == {
+        "adapters": AGENTS,
+        "lora": {
+            "r": 4,
+            "lora_alpha": 16,
+            "lora_dropout": 0.0,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+            "task_type": "CAUSAL_LM",
+        },
+    }
+    plain = ExperimentConfig(algorithm=AlgorithmConfig(lora=LoraConfig(enabled=True)))
+    assert backend_for(plain) is EmbeddedBackend and backend_for(plain).engine_options(plain) == {}
+    verl = ExperimentConfig(trainer=TrainerConfig(backend="verl"))
+    assert backend_for(verl).__name__ == "VerlBackend" and backend_for(verl).engine_options(verl) == {}
 
 
 def test_the_engine_answers_each_agent_with_its_adapter(tiny_dir: Path, tmp_path: Path) -> None:
@@ -171,7 +216,7 @@ def test_settings_that_cannot_run_are_one_line_errors(change: dict[str, Any], ex
     lora = change.pop("lora", LoraConfig(per_agent=True, agents=AGENTS))
     cfg = ExperimentConfig(algorithm=AlgorithmConfig(lora=lora), **change)
     with pytest.raises(ConfigError, match=expected) as err:
-        check_per_agent(cfg)
+        check_backend(cfg)
     assert "\n" not in str(err.value)
 
 

@@ -21,7 +21,8 @@ import pytest
 from alight import semconv
 from alight.config.schema import RayConfig, RunnerConfig
 from alight.errors import ConfigError
-from alight.runner.factory import check_pool, make_pool
+from alight.runner.factory import check_pool
+from alight.runner.service import run_pool_until_interrupted
 from alight.runner.ray_pool import RayRunnerPool
 from alight.store.client import StoreClient
 from alight.types import Attempt, AttemptStatus, LLMResource, Rollout, RolloutStatus, Span, SpanKind, Task
@@ -240,7 +241,7 @@ def test_a_bad_runner_config_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "ray", None)  # Ray not installed: `import ray` raises ImportError
     for attempt in (
         lambda: check_pool(RunnerConfig(backend="ray")),
-        lambda: make_pool(RunnerConfig(backend="ray"), "m:f", "http://127.0.0.1:1"),
+        lambda: run_pool_until_interrupted("m:f", "http://127.0.0.1:1", backend="ray"),
     ):
         with pytest.raises(ConfigError, match=r"needs Ray, which is not installed: pip install 'alight\[ray\]'"):
             attempt()

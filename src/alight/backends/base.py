@@ -5,7 +5,8 @@ A backend owns the trainable policy (and, for PPO with a critic, the value model
 start, to update on a batch, for the weights the engine serves next, to save and load a
 checkpoint (RNG state included) and to close. Backends: `embedded` (PyTorch in the trainer's
 process, CPU or one GPU) and `verl` (verl's FSDP workers on Ray, GPUs). A new backend is a new
-module plus a line in `backends/factory.py`.
+module plus a line in `backends/factory.py`; what a backend class offers the factory (`selects`,
+`check_config`, `engine_options`, `from_config`) is listed there.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from alight.algorithms.batch import TransitionBatch
+    from alight.config.schema import ExperimentConfig
 
 #: What a backend hands the engine after an update: a state dict (name -> tensor) or a directory
 #: holding a servable Hugging Face model (both are what `Engine.update_weights` takes).
@@ -77,3 +79,19 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release workers, processes and accelerator memory."""
         ...
+
+
+class FactoryDefaults:
+    """What a backend class tells `alight.backends.factory` unless it says otherwise: it trains
+    every config its `trainer.backend` names, and the engine serves its weights with no options of
+    its own (the per-agent LoRA backend overrides both)."""
+
+    @classmethod
+    def selects(cls, cfg: ExperimentConfig) -> bool:
+        """Whether this class trains `cfg`: every config its `trainer.backend` names."""
+        return True
+
+    @classmethod
+    def engine_options(cls, cfg: ExperimentConfig) -> dict[str, Any]:
+        """Options the engine needs to serve what this backend trains: none."""
+        return {}

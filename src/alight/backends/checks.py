@@ -19,6 +19,8 @@ def check_algorithm(cfg: AlgorithmConfig) -> None:
         raise ConfigError(
             f"algorithm.loss_agg must be one of {', '.join(losses.LOSS_AGGREGATIONS)}, got {cfg.loss_agg!r}"
         )
+    if cfg.lora.agents and not cfg.lora.per_agent:
+        raise ConfigError("algorithm.lora.agents is set but algorithm.lora.per_agent is false; set per_agent=true")
     if cfg.kl_estimator not in losses.KL_ESTIMATORS:
         raise ConfigError(
             f"algorithm.kl_estimator must be one of {', '.join(losses.KL_ESTIMATORS)}, got {cfg.kl_estimator!r}"

@@ -18,6 +18,8 @@ from alight.backends import losses
 if TYPE_CHECKING:
     import torch
 
+    from alight.algorithms.batch import TransitionBatch
+
 #: Config attributes of model families whose logits are not just the output layer's (softcapping,
 #: scaling): the chunked path would compute something else, so they take the plain path.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -81,3 +83,42 @@ def head_log_probs(
     if parts_ent:
         out_ent = out_ent.index_put((where,), torch.cat(parts_ent))
     return out_lp.reshape(rows, length), out_ent.reshape(rows, length)
+
+
+def response_log_probs(
+    model: Any, batch: TransitionBatch, *, temperature: float, chunk_tokens: int, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """([B, R] log-probs of `batch`'s response tokens, [B, R] their entropy when asked, else None)
+    under `model`, 0 where the response mask is 0: on chunks of `chunk_tokens` tokens (see the module
+    docstring) when `chunk_tokens` > 0 and the model allows it, else from the plain logits."""
+    mask = batch.response_mask
+    if chunk_tokens > 0 and chunked_head_supported(model):
+        hidden = model.get_decoder()(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).last_hidden_state
+        r = batch.response_length
+        return head_log_probs(
+            hidden[:, -(r + 1) : -1],
+            model.get_output_embeddings(),
+            batch.responses,
+            mask,
+            temperature=temperature,
+            chunk_tokens=chunk_tokens,
+            with_entropy=entropy,
+        )
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=batch.response_length + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1]
+    m = mask.float()
+    if entropy:
+        lp, ent = losses.log_probs_and_entropy(logits, batch.responses, temperature)
+        return lp * m, ent * m
+    return losses.token_log_probs(logits, batch.responses, temperature) * m, None

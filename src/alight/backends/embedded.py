@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alight.algorithms.batch import TransitionBatch
-from alight.backends import losses, memory
-from alight.backends.checks import warmup_schedule
-from alight.backends.chunked import chunked_head_supported, head_log_probs
+from alight.backends import checkpoint, losses, memory
+from alight.backends.base import FactoryDefaults
+from alight.backends.chunked import response_log_probs
 from alight.backends.objective import objective
-from alight.config.schema import AlgorithmConfig, ExperimentConfig, LoraConfig
+from alight.backends.lora import load_adapter, merged_weights, save_adapters, with_lora
+from alight.backends.optimization import Optimization
+from alight.config.schema import AlgorithmConfig, ExperimentConfig
 from alight.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -33,11 +35,10 @@ logger = logging.getLogger(__name__)
 AUTO = "auto"  # algorithm.micro_batch_size: the most rows that fit (alight.backends.memory)
 #: Prompt tokens assumed when checking that micro_batch_size fits and adapter.max_prompt_length is unset.
 ASSUMED_PROMPT_TOKENS = 256
-ADAPTER_DIR = "adapter"
-OPTIMIZER_FILE = "optimizer.pt"
+ADAPTER_DIR = "adapter"  # a checkpoint's folder of the LoRA adapter (peft's format)
 
 
-class EmbeddedBackend:
+class EmbeddedBackend(FactoryDefaults):
     """The trainable policy, its optimizer and (with `kl_coef`) a frozen reference (a `Backend`)."""
 
     #: The update runs beside the engine: both fit (the embedded engine holds its own copy).
@@ -93,16 +94,31 @@ class EmbeddedBackend:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.lora = algorithm.lora.enabled
         if self.lora:
-            model = _with_lora(model, algorithm)
+            model = with_lora(model, algorithm.lora)
         self.model: Any = model.to(self.device)
         self.model.train()
         self.reference: Any = None
         if algorithm.kl_coef > 0 and not self.lora:  # with LoRA the reference is the model, adapters off
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.optimizer = self._optimizer(algorithm.lr, algorithm.warmup_steps)
+        self.optimization: Optimization | None = self._optimization_for(algorithm.lr, algorithm.warmup_steps)
         self.shape = memory.model_shape(self.model)
-        self._auto_rows: tuple[int, int] | None = None  # (row tokens, micro-batch size) last logged
-        self._check_memory(engine_copy, row_tokens)
+        self._auto = memory.AutoMicroBatch(
+            str(self.device),
+            fraction=algorithm.memory_fraction,
+            chunk_tokens=algorithm.log_prob_chunk,
+            checkpointing=algorithm.gradient_checkpointing,
+        )
+        memory.check_update_fits(  # before the first step: a ConfigError when the update cannot fit
+            self.shape,
+            free=memory.available_bytes(str(self.device)),
+            pending=self._pending_bytes(),
+            engine_copy=engine_copy,
+            model_name=self.model_path.name,
+            micro_batch_size=None if algorithm.micro_batch_size == AUTO else int(algorithm.micro_batch_size),
+            row_tokens=row_tokens,
+            chunk_tokens=algorithm.log_prob_chunk,
+            checkpointing=algorithm.gradient_checkpointing,
+        )
 
     @property
     def max_length(self) -> int | None:
@@ -110,37 +126,23 @@ class EmbeddedBackend:
 
     def close(self) -> None:
         """Drop the model, the reference and the optimizer state (and their accelerator memory)."""
-        self.model = self.reference = self.optimizer = None
+        self.model = self.reference = self.optimization = None
         if self.device.type == "cuda":
             import torch
 
             torch.cuda.empty_cache()
 
     # -- optimizer --------------------------------------------------------------------------------
-    def _optimizer(self, lr: float, warmup_steps: int) -> Any:
-        import torch
-
+    def _optimization_for(self, lr: float, warmup_steps: int) -> Optimization:
+        """A fresh AdamW and schedule over the weights that train now."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(
-            params, lr=lr, betas=(self.cfg.betas[0], self.cfg.betas[1]), weight_decay=self.cfg.weight_decay
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_schedule(warmup_steps))
-        return optimizer
+        return Optimization(params, self.cfg, lr=lr, warmup_steps=warmup_steps)
 
-    def _step(self) -> float:
-        """Clip, step the optimizer and scheduler, zero the gradients; returns the gradient norm."""
-        import torch
-
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        if math.isfinite(norm):
-            self.optimizer.step()
-        else:  # a non-finite gradient would poison the weights: skip this step
-            logger.warning("non-finite gradient norm: optimizer step skipped")
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm
+    def _optimization(self) -> Optimization:
+        """The optimizer and schedule an update steps: the policy's."""
+        if self.optimization is None:
+            raise RuntimeError("the backend is closed")
+        return self.optimization
 
     # -- forward --------------------------------------------------------------------------------
     def log_probs(
@@ -149,39 +151,13 @@ class EmbeddedBackend:
         """([B, R] log-probs of the response tokens, [B, R] their entropy when asked, else None) under
         `model` (default: the policy); 0 where the response mask is 0. The output layer runs on
         chunks of `algorithm.log_prob_chunk` tokens (see `alight.backends.chunked`)."""
-        batch = batch.to(self.device)
-        model = model or self.model
-        mask = batch.response_mask
-        if self.cfg.log_prob_chunk > 0 and chunked_head_supported(model):
-            hidden = model.get_decoder()(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids,
-                use_cache=False,
-            ).last_hidden_state
-            r = batch.response_length
-            return head_log_probs(
-                hidden[:, -(r + 1) : -1],
-                model.get_output_embeddings(),
-                batch.responses,
-                mask,
-                temperature=self.temperature,
-                chunk_tokens=self.cfg.log_prob_chunk,
-                with_entropy=entropy,
-            )
-        out = model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            logits_to_keep=batch.response_length + 1,
-            use_cache=False,
+        return response_log_probs(
+            model or self.model,
+            batch.to(self.device),
+            temperature=self.temperature,
+            chunk_tokens=self.cfg.log_prob_chunk,
+            entropy=entropy,
         )
-        logits = out.logits[:, :-1]
-        m = mask.float()
-        if entropy:
-            lp, ent = losses.log_probs_and_entropy(logits, batch.responses, self.temperature)
-            return lp * m, ent * m
-        return losses.token_log_probs(logits, batch.responses, self.temperature) * m, None
 
     def _reference_log_probs(self, batch: TransitionBatch) -> torch.Tensor:
         import torch
@@ -235,7 +211,7 @@ class EmbeddedBackend:
                 "actor/skipped_steps": float(steps),
                 "actor/skipped_micro_batches": float(micros),
                 "actor/update_tokens": 0.0,
-                "actor/lr": float(self.scheduler.get_last_lr()[0]),
+                "actor/lr": self._optimization().lr,
             }
         self.fill_old_log_probs(batch)
         sums: dict[str, float] = {}
@@ -271,63 +247,15 @@ class EmbeddedBackend:
 
     # -- memory ---------------------------------------------------------------------------------
     def _pending_bytes(self) -> int:
-        """What an update still allocates beyond what is in memory now: gradients, and AdamW's
-        moments until its first step has made them."""
-        states = 0 if self.optimizer is not None and self.optimizer.state else memory.ADAMW_STATES
-        return memory.FLOAT * self.shape.trainable * (1 + states)
-
-    def _check_memory(self, engine_copy: bool, row_tokens: int | None) -> None:
-        """ConfigError, before the first step, when the update cannot fit the free memory."""
-        cfg, free = self.cfg, memory.available_bytes(str(self.device))
-        pending = self._pending_bytes() + (memory.FLOAT * self.shape.params if engine_copy else 0)
-        if pending > free:
-            raise ConfigError(
-                f"training {self.model_path.name} needs {memory.gib(pending)} more for gradients, AdamW state"
-                f"{' and the engine' if engine_copy else ''} but {memory.gib(free)} is free; "
-                "use algorithm.lora.enabled=true or a smaller model"
-            )
-        if cfg.micro_batch_size == AUTO or row_tokens is None:
-            return
-        rows = int(cfg.micro_batch_size)
-        need = memory.micro_batch_bytes(
-            self.shape, rows, row_tokens, chunk_tokens=cfg.log_prob_chunk, checkpointing=cfg.gradient_checkpointing
-        )
-        if pending + need > free:
-            fits = memory.fitting_micro_batch(
-                self.shape,
-                free,
-                row_tokens,
-                chunk_tokens=cfg.log_prob_chunk,
-                checkpointing=cfg.gradient_checkpointing,
-                fixed=pending,
-            )
-            raise ConfigError(
-                f"algorithm.micro_batch_size={rows} needs ~{memory.gib(need)} for rows of ~{row_tokens} tokens "
-                f"beside {memory.gib(pending)} for gradients and optimizer; {memory.gib(free)} is free: "
-                f"set algorithm.micro_batch_size=auto (or <= {fits}) or algorithm.gradient_checkpointing=true"
-            )
+        return memory.pending_bytes(self.shape, optimizer_started=self._optimization().started)
 
     def _micro_batch_size(self, batch: TransitionBatch) -> int:
         """Rows per forward/backward: the configured number, or with "auto" the most rows of this
         batch's width that fit `memory_fraction` of the free memory (at least 1)."""
-        cfg = self.cfg
-        if cfg.micro_batch_size != AUTO:
-            return int(cfg.micro_batch_size)
-        row_tokens = int(batch.input_ids.shape[1])
-        budget = int(memory.available_bytes(str(self.device)) * cfg.memory_fraction)
-        rows = memory.fitting_micro_batch(
-            self.shape,
-            budget,
-            row_tokens,
-            chunk_tokens=cfg.log_prob_chunk,
-            checkpointing=cfg.gradient_checkpointing,
-            fixed=self._pending_bytes(),
-        )
-        rows = max(1, min(rows, len(batch)))
-        if self._auto_rows != (row_tokens, rows):
-            self._auto_rows = (row_tokens, rows)
-            logger.info("micro_batch_size auto: %d rows of %d tokens (%s free)", rows, row_tokens, memory.gib(budget))
-        return rows
+        if self.cfg.micro_batch_size != AUTO:
+            return int(self.cfg.micro_batch_size)
+        width = int(batch.input_ids.shape[1])
+        return self._auto.rows(self.shape, len(batch), width, fixed=self._pending_bytes())
 
     def _policy_step(self, mini: TransitionBatch) -> dict[str, float]:
         import torch
@@ -371,11 +299,12 @@ class EmbeddedBackend:
             totals["ppo_kl"] += float((approx_kl.detach() * m).sum())
             totals["entropy"] += float((token_entropy.detach() * m).sum())
         done = {"skipped_micro_batches": float(skipped), "forwarded_tokens": ran_tokens}
+        optimization = self._optimization()
         if not forwarded:  # no gradient at all: AdamW would still move the weights (momentum, decay)
-            self.optimizer.zero_grad(set_to_none=True)
+            optimization.zero_grad()
             return {**done, "skipped_step": 1.0}
-        lr = float(self.scheduler.get_last_lr()[0])
-        grad_norm = self._step()
+        lr = optimization.lr
+        grad_norm = optimization.step()
         per_token = max(tokens, 1.0)  # the metrics average the tokens that ran
         return {
             **done,
@@ -391,6 +320,9 @@ class EmbeddedBackend:
 
     def supervised_step(self, batch: TransitionBatch) -> dict[str, float]:
         """One optimizer step of negative log-likelihood on the batch's response tokens."""
+        return self._supervised_step(batch, self._optimization())
+
+    def _supervised_step(self, batch: TransitionBatch, optimization: Optimization) -> dict[str, float]:
         normaliser = float(batch.response_mask.sum()) if self.cfg.loss_agg == "token_mean" else float(len(batch))
         total = 0.0
         for micro in batch.split(self._micro_batch_size(batch)):
@@ -400,8 +332,8 @@ class EmbeddedBackend:
             )
             loss.backward()  # type: ignore[no-untyped-call]
             total += float(loss.detach())
-        lr = float(self.scheduler.get_last_lr()[0])
-        return {"actor/loss": total, "actor/grad_norm": self._step(), "actor/lr": lr}
+        lr = optimization.lr
+        return {"actor/loss": total, "actor/grad_norm": optimization.step(), "actor/lr": lr}
 
     def warm_start(
         self,
@@ -414,18 +346,14 @@ class EmbeddedBackend:
     ) -> float:
         """Supervised fine-tuning for `steps` optimizer steps on `batches` with its own AdamW (the
         RL optimizer starts fresh afterwards). Returns the mean loss of the last 50 steps."""
-        rl_optimizer, rl_scheduler = self.optimizer, self.scheduler
-        self.optimizer = self._optimizer(lr, warmup_steps)
+        warm = self._optimization_for(lr, warmup_steps)
         recent: list[float] = []
-        try:
-            for step in range(1, steps + 1):
-                loss = self.supervised_step(next(batches))["actor/loss"]
-                recent = [*recent[-49:], loss]
-                if on_progress is not None:
-                    on_progress(step, sum(recent) / len(recent))
-        finally:
-            self.optimizer, self.scheduler = rl_optimizer, rl_scheduler
-        self.optimizer.zero_grad(set_to_none=True)
+        for step in range(1, steps + 1):
+            loss = self._supervised_step(next(batches), warm)["actor/loss"]
+            recent = [*recent[-49:], loss]
+            if on_progress is not None:
+                on_progress(step, sum(recent) / len(recent))
+        self._optimization().zero_grad()
         if self.reference is not None:  # the KL anchor is the warm-started policy
             self.reference.load_state_dict(self.model.state_dict())
         return sum(recent) / len(recent) if recent else math.nan
@@ -433,101 +361,32 @@ class EmbeddedBackend:
     # -- weights and checkpoints ------------------------------------------------------------------
     def engine_weights(self) -> dict[str, torch.Tensor]:
         """The full weights for the engine: a detached CPU copy (LoRA adapters merged in)."""
-        import torch
-
-        with torch.no_grad():
-            if not self.lora:
-                return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-            # merge + unmerge is not exact in floating point: put the base weights back bit for bit
-            bases = {k: v.detach().clone() for k, v in self.model.state_dict().items() if ".base_layer." in k}
-            self.model.merge_adapter()
-            try:
-                return {
-                    _base_name(k): v.detach().to("cpu", copy=True)
-                    for k, v in self.model.state_dict().items()
-                    if "lora_" not in k
-                }
-            finally:
-                self.model.unmerge_adapter()
-                current = self.model.state_dict()
-                for k, v in bases.items():
-                    current[k].copy_(v)
+        if self.lora:
+            return merged_weights(self.model)
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def save(self, directory: Path) -> None:
         """Write the policy (a servable Hugging Face model directory), adapters and optimizer state."""
-        import torch
-
-        from alight.models.progress import progress_bars_off
-
-        directory.mkdir(parents=True, exist_ok=True)
-        base = self.model.get_base_model() if self.lora else self.model
-        with progress_bars_off():
-            base.save_pretrained(directory, state_dict=self.engine_weights())
-            if self.lora:
-                self.model.save_pretrained(directory / ADAPTER_DIR)
-        state = {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "generator": self.generator.get_state(),
-        }
+        checkpoint.write_model(
+            self.model.get_base_model() if self.lora else self.model, directory, self.engine_weights()
+        )
+        if self.lora:
+            save_adapters(self.model, directory / ADAPTER_DIR)
+        optimizer, scheduler = self._optimization().state_dict()
+        state = {"optimizer": optimizer, "scheduler": scheduler, "generator": self.generator.get_state()}
         if self.reference is not None:
             state["reference"] = self.reference.state_dict()
-        torch.save(state, directory / OPTIMIZER_FILE)
+        checkpoint.write_state(directory, state)
 
     def load(self, directory: Path) -> None:
         """Restore what `save` wrote (policy, adapters, optimizer, scheduler, reference, RNG)."""
-        import torch
-        from safetensors.torch import load_file
-
         if self.lora:
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.model, load_file(str(directory / ADAPTER_DIR / "adapter_model.safetensors")))
+            load_adapter(self.model, directory / ADAPTER_DIR)
         else:
-            weights = {}
-            for path in sorted(directory.glob("*.safetensors")):
-                weights.update(load_file(str(path)))
-            missing, unexpected = self.model.load_state_dict(weights, strict=False)
-            if [k for k in missing if "lm_head" not in k] or unexpected:  # tied lm_head is not saved
-                raise ConfigError(
-                    f"checkpoint {directory} does not match the model: "
-                    f"missing {missing[:3]}, unexpected {unexpected[:3]}"
-                )
-        state = torch.load(directory / OPTIMIZER_FILE, map_location=self.device, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+            checkpoint.load_weights(self.model, directory)
+        state = checkpoint.read_state(directory, self.device)
+        self._optimization().load_state_dict(state["optimizer"], state["scheduler"])
         if self.reference is not None and "reference" in state:
             self.reference.load_state_dict(state["reference"])
         if "generator" in state:
             self.generator.set_state(state["generator"].cpu())
-
-
-def _with_lora(model: Any, algorithm: AlgorithmConfig) -> Any:
-    try:
-        from peft import LoraConfig as PeftLoraConfig
-        from peft import get_peft_model
-    except ImportError:  # pragma: no cover - peft is a core dependency
-        raise ConfigError('algorithm.lora needs peft: pip install "peft>=0.15"') from None
-    config = PeftLoraConfig(**peft_arguments(algorithm.lora))
-    try:
-        return get_peft_model(model, config)
-    except ValueError as err:
-        raise ConfigError(f"algorithm.lora: {str(err).splitlines()[0]}") from None
-
-
-def peft_arguments(lora: LoraConfig) -> dict[str, Any]:
-    """peft `LoraConfig` keyword arguments of one adapter (this backend's, the per-agent backend's
-    and the engine's per-agent adapters)."""
-    return {
-        "r": lora.r,
-        "lora_alpha": lora.alpha,
-        "lora_dropout": lora.dropout,
-        "target_modules": list(lora.target_modules),
-        "task_type": "CAUSAL_LM",
-    }
-
-
-def _base_name(key: str) -> str:
-    """A peft state-dict key as the plain model names it."""
-    key = key.removeprefix("base_model.model.")
-    return key.replace(".base_layer.", ".")

@@ -24,6 +24,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from alight.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 FLOAT = 4  # bytes per fp32 value
@@ -108,6 +110,44 @@ def fitting_micro_batch(
     return max(0, room // per_row) if per_row > 0 else 0
 
 
+def check_update_fits(
+    shape: ModelShape,
+    *,
+    free: int,
+    pending: int,
+    engine_copy: bool,
+    model_name: str,
+    micro_batch_size: int | None,
+    row_tokens: int | None,
+    chunk_tokens: int,
+    checkpointing: bool,
+) -> None:
+    """ConfigError, before the first step, when an update cannot fit `free` bytes: `pending` (what
+    it still allocates for gradients and AdamW) plus the engine's copy, then (with a fixed
+    `micro_batch_size` and the longest rows' `row_tokens`) one micro-batch beside them."""
+    pending += FLOAT * shape.params if engine_copy else 0
+    if pending > free:
+        raise ConfigError(
+            f"training {model_name} needs {gib(pending)} more for gradients, AdamW state"
+            f"{' and the engine' if engine_copy else ''} but {gib(free)} is free; "
+            "use algorithm.lora.enabled=true or a smaller model"
+        )
+    if micro_batch_size is None or row_tokens is None:
+        return
+    need = micro_batch_bytes(
+        shape, micro_batch_size, row_tokens, chunk_tokens=chunk_tokens, checkpointing=checkpointing
+    )
+    if pending + need > free:
+        fits = fitting_micro_batch(
+            shape, free, row_tokens, chunk_tokens=chunk_tokens, checkpointing=checkpointing, fixed=pending
+        )
+        raise ConfigError(
+            f"algorithm.micro_batch_size={micro_batch_size} needs ~{gib(need)} for rows of ~{row_tokens} tokens "
+            f"beside {gib(pending)} for gradients and optimizer; {gib(free)} is free: "
+            f"set algorithm.micro_batch_size=auto (or <= {fits}) or algorithm.gradient_checkpointing=true"
+        )
+
+
 def available_bytes(device: str = "cpu") -> int:
     """Free memory where the update runs: the accelerator's, or the machine's (MemAvailable)."""
     if device.startswith("cuda"):
@@ -130,3 +170,33 @@ def available_bytes(device: str = "cpu") -> int:
 
 def gib(size: float) -> str:
     return f"{size / GIB:.1f} GB"
+
+
+def pending_bytes(shape: ModelShape, *, optimizer_started: bool) -> int:
+    """What an update still allocates beyond what is in memory: gradients, and AdamW's moments
+    until its first step has made them."""
+    return FLOAT * shape.trainable * (1 + (0 if optimizer_started else ADAMW_STATES))
+
+
+class AutoMicroBatch:
+    """`algorithm.micro_batch_size: auto`: the most rows of a batch's width that fit `fraction` of
+    the free memory of `device` (at least 1, at most the batch); each new choice is logged."""
+
+    def __init__(self, device: str, *, fraction: float, chunk_tokens: int, checkpointing: bool) -> None:
+        self.device = device
+        self.fraction = fraction
+        self.chunk_tokens = chunk_tokens
+        self.checkpointing = checkpointing
+        self._last: tuple[int, int] | None = None  # (row tokens, rows) last logged
+
+    def rows(self, shape: ModelShape, batch_rows: int, row_tokens: int, *, fixed: int) -> int:
+        """Rows per micro-batch of a batch of `batch_rows` rows `row_tokens` wide, beside `fixed` bytes."""
+        budget = int(available_bytes(self.device) * self.fraction)
+        rows = fitting_micro_batch(
+            shape, budget, row_tokens, chunk_tokens=self.chunk_tokens, checkpointing=self.checkpointing, fixed=fixed
+        )
+        rows = max(1, min(rows, batch_rows))
+        if self._last != (row_tokens, rows):
+            self._last = (row_tokens, rows)
+            logger.info("micro_batch_size auto: %d rows of %d tokens (%s free)", rows, row_tokens, gib(budget))
+        return rows

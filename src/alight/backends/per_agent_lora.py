@@ -1,7 +1,8 @@
 """Per-agent LoRA (`algorithm.lora.per_agent: true`): one adapter per agent on a shared base model.
 
 Each agent named in `algorithm.lora.agents` gets its own peft adapter on the shared base and its
-own AdamW (and learning-rate schedule). An update splits the `TransitionBatch` by the rows'
+own AdamW and learning-rate schedule (an `Optimization` in `optimizers`, by agent): an agent's
+warm-up advances only on its own updates. An update splits the `TransitionBatch` by the rows'
 `agent_name` and updates each adapter from its own rows only, with the embedded backend's loss;
 an adapter with no rows in the batch is not touched at all (no forward, no optimizer step, no
 weight decay: bit for bit unchanged). Rows of agents without an adapter are skipped (their calls
@@ -11,9 +12,14 @@ Warm start trains every weight of the base model, before the adapters exist (the
 the first update, checkpoint or weight export); the KL reference is that warm-started base with
 the adapters disabled. `engine_weights()` hands the engine every adapter's tensors, named as in
 the peft model (the engine builds the same adapters, see `alight.engines.agent_adapters`); a
-checkpoint holds the base as a servable model directory plus `adapters/{agent}/` (peft's format)
-and every adapter's optimizer state. Embedded backend and engine only: the verl/vLLM path (GPUs)
-is not built yet.
+checkpoint holds the base as a servable model directory plus `adapters/{agent}/` (peft's format,
+laid out as `alight.models.lora_layout` says, which the engine reads too) and every adapter's
+optimizer and schedule state. Embedded backend and engine only: the verl/vLLM path (GPUs) is not
+built yet.
+
+The factory picks this class for `trainer.backend: embedded` when `selects(cfg)` (the config sets
+`algorithm.lora.per_agent`); `engine_options(cfg)` tells the stack how the engine serves the
+adapters.
 """
 
 from __future__ import annotations
@@ -25,55 +31,50 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alight.algorithms.batch import TransitionBatch
-from alight.backends.embedded import OPTIMIZER_FILE, EmbeddedBackend, _base_name, peft_arguments
+from alight.backends import checkpoint
+from alight.backends.embedded import EmbeddedBackend
+from alight.backends.lora import load_adapter, peft_arguments, save_adapters
+from alight.backends.optimization import Optimization
 from alight.config.schema import AlgorithmConfig, ExperimentConfig
 from alight.errors import ConfigError
+from alight.models.lora_layout import ADAPTERS_DIR, adapter_file, adapter_key, check_adapter_names, plain_name
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
 
-ADAPTERS_DIR = "adapters"  # as alight.engines.agent_adapters.ADAPTERS_DIR (backends may not import engines)
 #: Metrics summed over agents (the others are averaged, weighted by each agent's rows).
 SUMMED = ("actor/optimizer_steps", "actor/update_tokens", "actor/skipped_steps", "actor/skipped_micro_batches")
-
-
-def check_per_agent(cfg: ExperimentConfig) -> None:
-    """ConfigError, in one line, for per-agent LoRA settings that cannot run."""
-    lora = cfg.algorithm.lora
-    if not lora.per_agent:
-        if lora.agents:
-            raise ConfigError("algorithm.lora.agents is set but algorithm.lora.per_agent is false; set per_agent=true")
-        return
-    where = "the embedded backend and engine only; the verl/vLLM path (GPUs) is not built yet"
-    if cfg.trainer.backend != "embedded":
-        raise ConfigError(f"algorithm.lora.per_agent: not yet with trainer.backend={cfg.trainer.backend} ({where})")
-    if cfg.engine.kind != "embedded":
-        raise ConfigError(f"algorithm.lora.per_agent: not yet with engine.kind={cfg.engine.kind} ({where})")
-    names = list(lora.agents)
-    if not names:
-        raise ConfigError("algorithm.lora.per_agent needs algorithm.lora.agents: the agents that get an adapter")
-    bad = [n for n in names if not isinstance(n, str) or not n.replace("_", "").replace("-", "").isalnum()]
-    if bad or "default" in names:
-        name = bad[0] if bad else "default"
-        raise ConfigError(f"algorithm.lora.agents: {name!r} is not a usable adapter name (letters, digits, _ and -)")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"algorithm.lora.agents names an agent twice: {names}")
-    if lora.r < 1 or lora.alpha <= 0 or not 0 <= lora.dropout < 1 or not lora.target_modules:
-        raise ConfigError("algorithm.lora: r must be >= 1, alpha > 0, dropout in [0, 1), target_modules not empty")
-
-
-def engine_adapter_options(cfg: ExperimentConfig) -> dict[str, Any]:
-    """Options of the embedded engine that serve the run's per-agent adapters ({} without them)."""
-    lora = cfg.algorithm.lora
-    if not lora.per_agent:
-        return {}
-    return {"adapters": list(lora.agents), "lora": peft_arguments(lora)}
+#: Where per-agent LoRA runs today.
+WHERE = "the embedded backend and engine only; the verl/vLLM path (GPUs) is not built yet"
 
 
 class PerAgentLoraBackend(EmbeddedBackend):
-    """The embedded backend with one LoRA adapter and one optimizer per agent (a `Backend`)."""
+    """The embedded backend with one LoRA adapter, one optimizer and one schedule per agent (a `Backend`)."""
+
+    @classmethod
+    def selects(cls, cfg: ExperimentConfig) -> bool:
+        """This class trains the configs that set `algorithm.lora.per_agent`."""
+        return cfg.algorithm.lora.per_agent
+
+    @classmethod
+    def check_config(cls, cfg: ExperimentConfig) -> None:
+        """ConfigError, in one line, for per-agent LoRA settings that cannot run."""
+        super().check_config(cfg)
+        lora = cfg.algorithm.lora
+        if cfg.engine.kind != "embedded":
+            raise ConfigError(f"algorithm.lora.per_agent: not yet with engine.kind={cfg.engine.kind} ({WHERE})")
+        if not lora.agents:
+            raise ConfigError("algorithm.lora.per_agent needs algorithm.lora.agents: the agents that get an adapter")
+        check_adapter_names(list(lora.agents), "algorithm.lora.agents")
+        if lora.r < 1 or lora.alpha <= 0 or not 0 <= lora.dropout < 1 or not lora.target_modules:
+            raise ConfigError("algorithm.lora: r must be >= 1, alpha > 0, dropout in [0, 1), target_modules not empty")
+
+    @classmethod
+    def engine_options(cls, cfg: ExperimentConfig) -> dict[str, Any]:
+        """The embedded engine serves one adapter per agent, built as this backend builds them."""
+        return {"adapters": list(cfg.algorithm.lora.agents), "lora": peft_arguments(cfg.algorithm.lora)}
 
     def __init__(
         self,
@@ -86,6 +87,7 @@ class PerAgentLoraBackend(EmbeddedBackend):
         engine_copy: bool = False,  # as EmbeddedBackend: the engine holds another copy on this device
         row_tokens: int | None = None,  # as EmbeddedBackend: the longest rows expected (memory check)
     ) -> None:
+        self.optimizers: dict[str, Optimization] = {}  # agent -> its AdamW and schedule (once attached)
         # The parent loads the plain model (warm start trains all of it); no deep-copied reference:
         # the reference is the base with the adapters disabled.
         plain = dataclasses.replace(
@@ -106,13 +108,22 @@ class PerAgentLoraBackend(EmbeddedBackend):
         self.agents = list(algorithm.lora.agents)
         if not self.agents:
             raise ConfigError("algorithm.lora.per_agent needs algorithm.lora.agents: the agents that get an adapter")
-        self.optimizers: dict[str, tuple[Any, Any]] = {}  # agent -> (AdamW, its LR scheduler)
         self._warned: set[str] = set()
 
     # -- the adapters -----------------------------------------------------------------------------
     @property
     def attached(self) -> bool:
         return bool(self.optimizers)
+
+    def _optimization(self) -> Optimization:
+        """The active adapter's optimizer and schedule (before the adapters exist: the full-weight one)."""
+        if not self.attached:
+            return super()._optimization()
+        return self.optimizers[self.model.active_adapter]
+
+    def close(self) -> None:
+        super().close()
+        self.optimizers.clear()
 
     def _attach(self) -> None:
         """Add one adapter (and its optimizer) per agent to the model; idempotent."""
@@ -131,15 +142,15 @@ class PerAgentLoraBackend(EmbeddedBackend):
         self.model = model.to(self.device)
         self.model.train()
         self.lora = True  # the parent's KL reference: this model with the adapters disabled
-        self.optimizer = None  # the full-weight optimizer the parent made is never used from here on
+        self.optimization = None  # the full-weight optimizer the parent made is never used from here on
         for name in self.agents:
             self.model.set_adapter(name)  # only this adapter's parameters require grad
-            self.optimizers[name] = (self._optimizer(self.cfg.lr, self.cfg.warmup_steps), self.scheduler)
+            self.optimizers[name] = self._optimization_for(self.cfg.lr, self.cfg.warmup_steps)
 
     def adapter_tensors(self, agent: str) -> dict[str, torch.Tensor]:
         """The tensors of one agent's adapter (peft names), detached CPU copies."""
         self._attach()
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items() if _of(k, agent)}
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items() if adapter_key(k, agent)}
 
     # -- updates ----------------------------------------------------------------------------------
     def warm_start(
@@ -175,13 +186,11 @@ class PerAgentLoraBackend(EmbeddedBackend):
         for agent in self.agents:  # the configured order: deterministic
             if agent not in rows:
                 continue
-            self.model.set_adapter(agent)
-            self.optimizer, self.scheduler = self.optimizers[agent]
+            self.model.set_adapter(agent)  # its adapter trains, with its optimizer (`_optimization`)
             parts[agent] = super().update(batch.select(rows[agent]))
             metrics[f"actor/{agent}/rows"] = float(len(rows[agent]))
             for key, value in parts[agent].items():
                 metrics[f"actor/{agent}/{key.removeprefix('actor/')}"] = value
-        self.optimizer = None
         total = sum(len(rows[a]) for a in parts)
         keys = {key for part in parts.values() for key in part}
         for key in sorted(keys):
@@ -204,55 +213,30 @@ class PerAgentLoraBackend(EmbeddedBackend):
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items() if "lora_" in k}
 
     def save(self, directory: Path) -> None:
-        """The base as a servable model directory, `adapters/{agent}/`, every optimizer's state."""
-        import torch
-
-        from alight.models.progress import progress_bars_off
-
+        """The base as a servable model directory, `adapters/{agent}/`, every optimizer's and
+        schedule's state."""
         self._attach()
-        directory.mkdir(parents=True, exist_ok=True)
-        base = {_base_name(k): v.detach().to("cpu") for k, v in self.model.state_dict().items() if "lora_" not in k}
-        with progress_bars_off():
-            self.model.get_base_model().save_pretrained(directory, state_dict=base)
-            self.model.save_pretrained(directory / ADAPTERS_DIR, selected_adapters=self.agents)
+        base = {plain_name(k): v.detach().to("cpu") for k, v in self.model.state_dict().items() if "lora_" not in k}
+        checkpoint.write_model(self.model.get_base_model(), directory, base)
+        save_adapters(self.model, directory / ADAPTERS_DIR, self.agents)
+        states = {name: optimization.state_dict() for name, optimization in self.optimizers.items()}
         state = {
-            "optimizers": {name: opt.state_dict() for name, (opt, _) in self.optimizers.items()},
-            "schedulers": {name: sched.state_dict() for name, (_, sched) in self.optimizers.items()},
+            "optimizers": {name: optimizer for name, (optimizer, _) in states.items()},
+            "schedulers": {name: scheduler for name, (_, scheduler) in states.items()},
             "generator": self.generator.get_state(),
         }
-        torch.save(state, directory / OPTIMIZER_FILE)
+        checkpoint.write_state(directory, state)
 
     def load(self, directory: Path) -> None:
         """Restore what `save` wrote: base weights, every adapter, optimizer and schedule, RNG."""
-        import torch
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
         self._attach()
-        own = {_base_name(k): k for k in self.model.state_dict() if "lora_" not in k}
-        weights: dict[str, Any] = {}
-        for path in sorted(directory.glob("*.safetensors")):
-            weights.update(load_file(str(path)))
-        unknown = sorted(set(weights) - set(own))
-        missing = sorted(k for k in set(own) - set(weights) if "lm_head" not in k)  # a tied lm_head is not saved
-        if unknown or missing:
-            raise ConfigError(
-                f"checkpoint {directory} does not match the model: missing {missing[:3]}, unexpected {unknown[:3]}"
-            )
-        self.model.load_state_dict({own[k]: v for k, v in weights.items()}, strict=False)
+        checkpoint.load_weights(self.model, directory, plain_name)
         for name in self.agents:
-            path = directory / ADAPTERS_DIR / name / "adapter_model.safetensors"
+            path = adapter_file(directory, name)
             if not path.is_file():
                 raise ConfigError(f"checkpoint {directory} has no adapter for agent {name!r}")
-            set_peft_model_state_dict(self.model, load_file(str(path)), adapter_name=name)
-        state = torch.load(directory / OPTIMIZER_FILE, map_location=self.device, weights_only=False)
-        for name, (optimizer, scheduler) in self.optimizers.items():
-            optimizer.load_state_dict(state["optimizers"][name])
-            scheduler.load_state_dict(state["schedulers"][name])
+            load_adapter(self.model, path.parent, name)
+        state = checkpoint.read_state(directory, self.device)
+        for name, optimization in self.optimizers.items():
+            optimization.load_state_dict(state["optimizers"][name], state["schedulers"][name])
         self.generator.set_state(state["generator"].cpu())
-
-
-def _of(key: str, agent: str) -> bool:
-    """Whether a peft state-dict key is a tensor of `agent`'s adapter (`...lora_A.{agent}.weight`)."""
-    parts = key.split(".")
-    return any(part.startswith("lora_") and parts[i + 1 : i + 2] == [agent] for i, part in enumerate(parts))

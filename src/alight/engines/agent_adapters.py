@@ -16,37 +16,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from alight.errors import ConfigError
+from alight.models.lora_layout import (
+    ADAPTERS_DIR,
+    adapter_file,
+    check_adapter_names,
+    plain_name,
+    saved_adapters,
+)
 
-#: The folder of a model directory that holds one peft adapter folder per agent.
-ADAPTERS_DIR = "adapters"
-#: Adapter (agent) names: they become model names (`policy/writer`) and peft module keys.
-ADAPTER_NAME = re.compile(r"[A-Za-z0-9_-]+")
-ADAPTER_FILE = "adapter_model.safetensors"
-
-
-def check_adapter_names(names: list[str], what: str = "adapters") -> None:
-    """ConfigError, in one line, for an empty, repeated or unusable adapter name."""
-    if not names:
-        raise ConfigError(f"{what} is empty: name the agents that get an adapter, e.g. [writer, rewriter]")
-    bad = [n for n in names if not isinstance(n, str) or not ADAPTER_NAME.fullmatch(n) or n == "default"]
-    if bad:
-        raise ConfigError(f"{what}: {bad[0]!r} is not a usable adapter name (letters, digits, _ and -; not 'default')")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"{what} names an agent twice: {names}")
-
-
-def saved_adapters(model_dir: str | os.PathLike[str]) -> list[str]:
-    """The agents whose adapters a model directory holds (`adapters/{agent}/`), sorted."""
-    root = Path(model_dir) / ADAPTERS_DIR
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if (p / ADAPTER_FILE).is_file())
+__all__ = ["ADAPTERS_DIR", "AgentAdapters", "check_adapter_names", "saved_adapters"]
 
 
 class AgentAdapters:
@@ -122,7 +105,7 @@ class AgentAdapters:
 
             from alight.engines.weights import read_checkpoint
 
-            plain = {_plain_name(k): k for k in own if "lora_" not in k}
+            plain = {plain_name(k): k for k in own if "lora_" not in k}
             state = {plain.get(k, k): v for k, v in read_checkpoint(weights).items()}
             _check_fits(own, state)
             with torch.no_grad():
@@ -130,7 +113,7 @@ class AgentAdapters:
                     own[key].copy_(value)
             for name in saved_adapters(weights):
                 if name in self.names:
-                    adapter = load_file(str(Path(weights) / ADAPTERS_DIR / name / ADAPTER_FILE))
+                    adapter = load_file(str(adapter_file(weights, name)))
                     set_peft_model_state_dict(model, adapter, adapter_name=name)
             return
         state = dict(weights)
@@ -148,8 +131,3 @@ def _check_fits(own: Mapping[str, Any], state: Mapping[str, Any]) -> None:
             f"{label}: {', '.join(keys[:3])}" for label, keys in (("unknown", unknown), ("wrong shape", wrong)) if keys
         ]
         raise ConfigError(f"the weights do not fit the adapters' model ({'; '.join(details)})")
-
-
-def _plain_name(key: str) -> str:
-    """A peft model's state-dict key as the plain model names it."""
-    return key.removeprefix("base_model.model.").replace(".base_layer.", ".")

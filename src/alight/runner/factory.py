@@ -60,8 +60,8 @@ def make_pool(
 ) -> Pool:
     """The pool `cfg.backend` names, not started: `n_runners` (default `cfg.n_runners`) runners of
     `agent` on the store server at `store_url` (the URL runners use to reach it). `options` are
-    keyword arguments both pools take (`instrument`, `poll_interval_s`, `max_restarts`, ...)."""
-    check_pool(cfg)
+    keyword arguments both pools take (`instrument`, `poll_interval_s`, `max_restarts`, ...). `cfg`
+    is checked already (`check_pool`, once, by whoever read it)."""
     common: dict[str, Any] = {
         "n_runners": n_runners or cfg.n_runners,
         "tracer": cfg.tracer,

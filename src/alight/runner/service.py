@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from alight.config.schema import RayConfig, RunnerConfig
-from alight.runner.factory import make_pool
+from alight.runner.factory import check_pool, make_pool
 from alight.runner.slots import PoolStats
 from alight.serving.background import sigterm_interrupts
 
@@ -36,6 +36,7 @@ def run_pool_until_interrupted(
     are recorded as failed, to be retried). Returns the pool's counts. `options` are keyword
     arguments of the pools; a bad agent or backend raises ConfigError."""
     cfg = RunnerConfig(backend=backend, n_runners=n_runners, tracer=tracer, ray=ray or RayConfig())
+    check_pool(cfg)
     pool = make_pool(cfg, agent, store_url, **options)
     with sigterm_interrupts():
         try:

@@ -122,7 +122,7 @@ class LocalStack:
         self.pool: Pool | None = None
 
     def start(self) -> LocalStack:
-        from alight.backends.per_agent_lora import engine_adapter_options
+        from alight.backends.factory import backend_for
         from alight.engines.factory import make_engine
         from alight.proxy.proxy import Proxy
         from alight.proxy.server import ProxyServer
@@ -135,7 +135,7 @@ class LocalStack:
         if self.cfg.proxy.advertise_url:
             check_advertise_url(self.cfg.proxy.advertise_url, "proxy.advertise_url")
         kind, options = engine_options(self.cfg.engine, model=self.model)
-        options.update(engine_adapter_options(self.cfg))  # per-agent LoRA: the engine serves each agent's adapter
+        options.update(backend_for(self.cfg).engine_options(self.cfg))  # what the backend's weights need served
         engine = make_engine(kind, **options)  # bad engine options fail here, before anything starts
         try:
             if self.store_url is None:

@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from alight.backends.base import FactoryDefaults
+from alight.backends.verl.metrics import alight_metrics
 from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError
 
@@ -66,31 +68,10 @@ POLICY_DIR = "policy"
 #: Tensors every worker call sends (what verl's unpadding and output slicing read).
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask")
 
-#: alight's metric names -> the names verl's actor and critic report (after verl's own `actor/`
-#: and `critic/` prefixes); verl's other metrics pass through under their own names.
-METRIC_NAMES = {
-    "actor/loss": "actor/loss",
-    "actor/pg_loss": "actor/pg_loss",
-    "actor/pg_clipfrac": "actor/pg_clipfrac",
-    "actor/ppo_kl": "actor/ppo_kl",
-    "actor/kl": "actor/kl_loss",
-    "actor/entropy": "actor/entropy_loss",
-    "actor/grad_norm": "actor/grad_norm",
-    "actor/lr": "actor/lr",
-    "critic/loss": "critic/loss",
-    "critic/vf_loss": "critic/vf_loss",
-    "critic/vf_clipfrac": "critic/vf_clipfrac",
-    "critic/vpred_mean": "critic/vpred_mean",
-    "critic/grad_norm": "critic/grad_norm",
-    "critic/lr": "critic/lr",
-}
-#: verl metrics dropped (constants, or renamed above).
-DROPPED_METRICS = ("actor/kl_coef",)
-
 MakeWorkers = Callable[..., "WorkerGroups"]
 
 
-class VerlBackend:
+class VerlBackend(FactoryDefaults):
     """verl's actor (+ reference, + critic for PPO) on Ray GPUs, fed `TransitionBatch`es (a `Backend`)."""
 
     #: The workers share the engine's GPUs (single node): the loop has vLLM sleep during `update`.
@@ -98,7 +79,13 @@ class VerlBackend:
 
     @classmethod
     def check_config(cls, cfg: ExperimentConfig) -> None:
-        """A missing extra, `algorithm.name: sft`, a warm start, or no CUDA: one `ConfigError` line."""
+        """Per-agent LoRA, a missing extra, `algorithm.name: sft`, a warm start, or no CUDA: one
+        `ConfigError` line."""
+        if cfg.algorithm.lora.per_agent:
+            raise ConfigError(
+                "algorithm.lora.per_agent: not yet with trainer.backend=verl "
+                "(the embedded backend and engine only; the verl/vLLM path (GPUs) is not built yet)"
+            )
         missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
         if missing:
             raise ConfigError(f"trainer.backend verl needs {', '.join(missing)}: {INSTALL}")
@@ -160,7 +147,7 @@ class VerlBackend:
         from omegaconf import OmegaConf
         from verl.trainer.ppo.utils import need_critic, need_reference_policy
 
-        from alight.backends.verl.config import logprob_temperature
+        from alight.backends.verl.config import logprob_temperature, model_max_length
 
         self.cfg = cfg
         self.model_dir = Path(model_dir)
@@ -184,7 +171,7 @@ class VerlBackend:
         self.temperature = logprob_temperature(cfg)
         self.steps = 0
         self._exported = False  # the policy directory holds the current weights
-        self._max_length = _max_length(self.model_dir)
+        self._max_length = model_max_length(self.model_dir)
         self.workers: WorkerGroups = make_workers(
             verl_config, use_ref=self.use_ref and not self.ref_in_actor, use_critic=self.use_critic
         )
@@ -202,7 +189,7 @@ class VerlBackend:
 
             from verl.workers.utils.losses import value_loss
 
-            from alight.backends.verl.workers import critic_config
+            from alight.backends.verl.config import critic_config
 
             workers.critic.reset()
             workers.critic.set_loss_fn(partial(value_loss, config=critic_config(self.verl_config)))
@@ -240,7 +227,9 @@ class VerlBackend:
         if self.use_critic:
             data.batch["values"] = self._values(data)
         if self.estimator is not None:
-            data.batch["advantages"], data.batch["returns"] = self._verl_advantages(data)
+            from alight.backends.verl.advantages import verl_advantages
+
+            data.batch["advantages"], data.batch["returns"] = verl_advantages(data, self.estimator, self.verl_config)
         mini, rows = self._update_layout(len(batch))
         metrics: dict[str, float] = {}
         if self.use_critic:
@@ -333,78 +322,43 @@ class VerlBackend:
         output = _wait(call(inputs))
         return no_padding_2_padding(tu.get(output, key), inputs)[:rows].float()
 
-    def _verl_advantages(self, data: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
-        """(advantages, returns) [B, R] by verl's `core_algos` estimator `self.estimator`."""
-        from verl.trainer.ppo import core_algos
-
-        algorithm = self.verl_config.algorithm
-        rewards, mask = data.batch["token_level_rewards"], data.batch["response_mask"]
-        if self.estimator == "gae":
-            result: tuple[torch.Tensor, torch.Tensor] = core_algos.compute_gae_advantage_return(
-                token_level_rewards=rewards,
-                values=data.batch["values"],
-                response_mask=mask,
-                gamma=algorithm.gamma,
-                lam=algorithm.lam,
-            )
-            return result
-        kwargs: dict[str, Any] = {
-            "token_level_rewards": rewards,
-            "response_mask": mask,
-            "index": data.non_tensor_batch["uid"],
-            "config": algorithm,
-        }
-        if self.estimator == "grpo":
-            kwargs["norm_adv_by_std_in_grpo"] = algorithm.get("norm_adv_by_std_in_grpo", True)
-        estimator = core_algos.get_adv_estimator_fn(self.estimator)  # type: ignore[no-untyped-call]
-        result = estimator(**kwargs)
-        return result
-
     def _update_critic(self, data: DataProto, mini: int, rows: int) -> dict[str, float]:
+        from alight.backends.verl.batch import update_meta
+
         assert self.workers.critic is not None
         critic = self.verl_config.critic
-        meta = _update_meta(mini, int(critic.ppo_epochs), int(critic.data_loader_seed), bool(critic.shuffle))
+        meta = update_meta(mini, int(critic.ppo_epochs), int(critic.data_loader_seed), bool(critic.shuffle))
         inputs = self._worker_input(data, (*SEQUENCE_KEYS, "values", "returns"), rows, meta, masked=True)
-        return _metrics(_wait(self.workers.critic.train_mini_batch(inputs)), "critic/")
+        return alight_metrics(_wait(self.workers.critic.train_mini_batch(inputs)), "critic/")
 
     def _update_actor(self, data: DataProto, mini: int, rows: int) -> dict[str, float]:
+        from alight.backends.verl.batch import update_meta
+
         actor = self.verl_config.actor_rollout_ref.actor
-        meta = _update_meta(mini, int(actor.ppo_epochs), int(actor.data_loader_seed), bool(actor.shuffle))
+        meta = update_meta(mini, int(actor.ppo_epochs), int(actor.data_loader_seed), bool(actor.shuffle))
         # entropy is always reported (as the embedded backend does); it joins the loss only with entropy_coeff
         meta.update(calculate_entropy=True, distillation_use_topk=False, distillation_only=False, compute_loss=True)
         keys = (*SEQUENCE_KEYS, "old_log_probs", "advantages", *(("ref_log_prob",) if self.use_ref else ()))
         inputs = self._worker_input(data, keys, rows, meta, masked=True)
-        metrics = _metrics(_wait(self.workers.actor.update_actor(inputs)), "actor/")
+        metrics = alight_metrics(_wait(self.workers.actor.update_actor(inputs)), "actor/")
         metrics.setdefault("actor/kl", 0.0)
         return metrics
 
     # -- worker input -----------------------------------------------------------------------------
-    def _world_size(self) -> int:
-        return int(self.workers.actor.world_size)
+    def _worker_input(
+        self, data: DataProto, keys: tuple[str, ...], multiple: int, meta: dict[str, Any], *, masked: bool
+    ) -> Any:
+        from alight.backends.verl.batch import worker_input
+
+        return worker_input(data, keys, multiple, meta, temperature=self.temperature, masked=masked)
 
     def _micro_rows(self, call: str) -> int:
-        """Rows per micro-batch of one rank in a worker call (`actor_infer`, `actor_update`, `ref`,
-        `critic_infer`, `critic_update`), as verl's workers read it; 1 with dynamic batch sizes
-        (verl then splits by tokens, with no divisibility to meet)."""
-        config = self.verl_config.actor_rollout_ref
-        if call.startswith("critic"):
-            from alight.backends.verl.workers import critic_config
+        from alight.backends.verl.config import micro_rows
 
-            engine = critic_config(self.verl_config).engine
-            dynamic = bool(engine.use_dynamic_bsz)
-            micro = engine.infer_micro_batch_size_per_gpu if call == "critic_infer" else engine.micro_batch_size_per_gpu
-        elif call == "ref" and not self.ref_in_actor:
-            dynamic = bool(config.ref.get("log_prob_use_dynamic_bsz", False))
-            micro = config.ref.get("log_prob_micro_batch_size_per_gpu")
-        else:
-            dynamic = bool(config.actor.use_dynamic_bsz)
-            update = call == "actor_update"
-            micro = (
-                config.actor.ppo_micro_batch_size_per_gpu
-                if update
-                else config.rollout.log_prob_micro_batch_size_per_gpu
-            )
-        return 1 if dynamic or not micro else int(micro)
+        return micro_rows(self.verl_config, call, ref_in_actor=self.ref_in_actor)
+
+    def _world_size(self) -> int:
+        return int(self.workers.actor.world_size)
 
     def _update_layout(self, rows: int) -> tuple[int, int]:
         """(rows per optimizer step, rows after padding) of an update on `rows` rows: the step a
@@ -416,62 +370,9 @@ class VerlBackend:
             micro = math.lcm(micro, self._micro_rows("critic_update"))
         return update_layout(rows, self.cfg.algorithm.mini_batch_size, self._world_size(), micro)
 
-    def _worker_input(
-        self, data: DataProto, keys: tuple[str, ...], multiple: int, meta: dict[str, Any], *, masked: bool
-    ) -> Any:
-        """What verl's workers take: the tensors `keys` of `data` padded to a multiple of `multiple`
-        rows (`masked`: rows with no loss), in verl's no-padding TensorDict layout, with `meta` and
-        the log-prob temperature as non-tensor data. (Built from the tensors alone: workers need no
-        per-row metadata, and verl's `DataProto.to_tensordict` wants tensordict >= 0.10.)"""
-        from verl.utils import tensordict_utils as tu
-        from verl.workers.utils.padding import left_right_2_no_padding
-
-        from alight.backends.verl.batch import pad_to_multiple
-
-        padded, _ = pad_to_multiple(
-            data.select(batch_keys=list(keys), non_tensor_batch_keys=[]), multiple, masked=masked
-        )
-        tensors: dict[str, Any] = {key: padded.batch[key] for key in keys}
-        inputs = tu.get_tensordict(tensor_dict=tensors, non_tensor_dict={"temperature": self.temperature, **meta})
-        return left_right_2_no_padding(inputs)
-
-
-def _update_meta(mini: int, epochs: int, seed: int, shuffle: bool) -> dict[str, Any]:
-    """The non-tensor data verl's `train_mini_batch` reads (as verl's trainer sets it)."""
-    return {
-        "global_batch_size": mini,
-        "mini_batch_size": mini,
-        "epochs": epochs,
-        "seed": seed,
-        "dataloader_kwargs": {"shuffle": shuffle},
-    }
-
 
 def _wait(output: Any) -> Any:
     """A worker group's result: non-blocking calls (the critic's) return a future to `get`."""
     from tensordict import TensorDictBase  # type: ignore[import-untyped]
 
     return output if isinstance(output, TensorDictBase) else output.get()
-
-
-def _metrics(output: Any, prefix: str) -> dict[str, float]:
-    """verl's reduced metrics of an update, renamed into alight's (`METRIC_NAMES`)."""
-    from verl.utils import tensordict_utils as tu
-    from verl.utils.metric import reduce_metrics
-    from verl.utils.py_functional import rename_dict
-
-    reduced = reduce_metrics(rename_dict(dict(tu.get(output, "metrics")), prefix))
-    renamed = {ours: theirs for ours, theirs in METRIC_NAMES.items() if ours.startswith(prefix)}
-    metrics = {ours: float(reduced.pop(theirs)) for ours, theirs in renamed.items() if theirs in reduced}
-    for key, value in reduced.items():
-        if key not in DROPPED_METRICS and hasattr(value, "__float__"):  # numbers and numpy scalars
-            metrics.setdefault(key, float(value))
-    return metrics
-
-
-def _max_length(model_dir: Path) -> int | None:
-    config = model_dir / "config.json"
-    if not config.is_file():
-        return None
-    value = json.loads(config.read_text()).get("max_position_embeddings")
-    return int(value) if value is not None else None

@@ -172,3 +172,30 @@ def to_no_padding(data: DataProto) -> TensorDict:
     from verl.workers.utils.padding import left_right_2_no_padding
 
     return left_right_2_no_padding(data.to_tensordict())
+
+
+def worker_input(
+    data: DataProto, keys: tuple[str, ...], multiple: int, meta: dict[str, Any], *, temperature: float, masked: bool
+) -> TensorDict:
+    """What verl's workers take: the tensors `keys` of `data` padded to a multiple of `multiple`
+    rows (`masked`: rows with no loss), in verl's no-padding TensorDict layout, with `meta` and
+    the log-prob `temperature` as non-tensor data. (Built from the tensors alone: workers need no
+    per-row metadata, and verl's `DataProto.to_tensordict` wants tensordict >= 0.10.)"""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    padded, _ = pad_to_multiple(data.select(batch_keys=list(keys), non_tensor_batch_keys=[]), multiple, masked=masked)
+    tensors: dict[str, Any] = {key: padded.batch[key] for key in keys}
+    inputs = tu.get_tensordict(tensor_dict=tensors, non_tensor_dict={"temperature": temperature, **meta})
+    return left_right_2_no_padding(inputs)
+
+
+def update_meta(mini: int, epochs: int, seed: int, shuffle: bool) -> dict[str, Any]:
+    """The non-tensor data verl's `train_mini_batch` reads (as verl's trainer sets it)."""
+    return {
+        "global_batch_size": mini,
+        "mini_batch_size": mini,
+        "epochs": epochs,
+        "seed": seed,
+        "dataloader_kwargs": {"shuffle": shuffle},
+    }

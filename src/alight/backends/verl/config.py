@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -328,3 +329,40 @@ def build_verl_config(cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path)
                 raise ConfigError(f"verl.{key} must be fsdp2 with verl.trainer.device cpu (FSDP1 needs a GPU)")
     OmegaConf.set_struct(merged, True)
     return merged
+
+
+def critic_config(verl_config: Any) -> Any:
+    """verl's `CriticConfig` dataclass of the `critic:` section."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    return omega_conf_to_dataclass(verl_config.critic)
+
+
+def micro_rows(verl_config: Any, call: str, *, ref_in_actor: bool) -> int:
+    """Rows per micro-batch of one rank in a worker call (`actor_infer`, `actor_update`, `ref`,
+    `critic_infer`, `critic_update`), as verl's workers read it; 1 with dynamic batch sizes
+    (verl then splits by tokens, with no divisibility to meet)."""
+    config = verl_config.actor_rollout_ref
+    if call.startswith("critic"):
+        engine = critic_config(verl_config).engine
+        dynamic = bool(engine.use_dynamic_bsz)
+        micro = engine.infer_micro_batch_size_per_gpu if call == "critic_infer" else engine.micro_batch_size_per_gpu
+    elif call == "ref" and not ref_in_actor:
+        dynamic = bool(config.ref.get("log_prob_use_dynamic_bsz", False))
+        micro = config.ref.get("log_prob_micro_batch_size_per_gpu")
+    else:
+        dynamic = bool(config.actor.use_dynamic_bsz)
+        update = call == "actor_update"
+        micro = (
+            config.actor.ppo_micro_batch_size_per_gpu if update else config.rollout.log_prob_micro_batch_size_per_gpu
+        )
+    return 1 if dynamic or not micro else int(micro)
+
+
+def model_max_length(model_dir: Path) -> int | None:
+    """The context length a model directory's config states (None: none stated)."""
+    config = model_dir / "config.json"
+    if not config.is_file():
+        return None
+    value = json.loads(config.read_text()).get("max_position_embeddings")
+    return int(value) if value is not None else None

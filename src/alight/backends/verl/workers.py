@@ -23,7 +23,7 @@ from typing import Any
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
-from alight.backends.verl.config import CPU, CPU_WORKER_ENV
+from alight.backends.verl.config import CPU, CPU_WORKER_ENV, critic_config
 from alight.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -188,13 +188,6 @@ def ray_worker_groups(verl_config: Any, *, use_ref: bool, use_critic: bool) -> W
         critic=spawned.get("critic"),
         release=lambda: kill_workers([colocated, *spawned.values()], pool, shutdown=owns_ray),
     )
-
-
-def critic_config(verl_config: Any) -> Any:
-    """verl's `CriticConfig` dataclass of the `critic:` section."""
-    from verl.utils.config import omega_conf_to_dataclass
-
-    return omega_conf_to_dataclass(verl_config.critic)
 
 
 def critic_worker_config(verl_config: Any) -> Any:
