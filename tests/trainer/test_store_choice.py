@@ -6,7 +6,6 @@ OpenAI-compatible endpoint (litellm engine), so no model loads."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -87,27 +86,3 @@ def test_a_bad_store_choice_fails_in_one_line_before_anything_starts(
     with pytest.raises(ConfigError, match=message):
         LocalStack(_config(tmp_path, "http://127.0.0.1:1/v1", *overrides), tmp_path / "run").start()
     assert not (tmp_path / "run").exists()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_a_short_training_on_a_memory_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One GRPO step of the calc recipe on the tiny model, its rollouts in a memory store."""
-    from alight.trainer import Trainer
-    from tests.trainer.test_fit_calc import REPO, short_config
-
-    monkeypatch.chdir(REPO)
-    cfg = short_config(
-        tmp_path,
-        "store.kind=memory",
-        "warm_start.steps=0",
-        "trainer.steps=1",
-        "trainer.group_size=2",
-        "data.val_size=2",
-    )
-    result = Trainer(cfg).fit()
-    assert result.steps == 1 and not result.stopped
-    metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [0, 1] and metrics[0]["val/reward_mean"] >= 0.0
-    assert metrics[1]["rollouts/succeeded"] == 2 * 2 and metrics[1]["transitions"] >= 4
-    assert not (result.run_dir / "store.db").exists()
