@@ -64,7 +64,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "models": set(),
         "dashboard": set(),
         "data": {"entrypoints"},
-        "store": {"serving"},
+        "store": {"serving", "config"},  # config: the store factory reads StoreConfig
         "engines": {"chat_template", "models"},
         "adapters": {"chat_template"},
         "tracing": {"store"},

@@ -126,6 +126,27 @@ async def test_stop_string_cuts_the_text(engine: EmbeddedEngine) -> None:
     assert stopped.response_token_ids == free.response_token_ids[: len(stopped.response_token_ids)]
 
 
+async def test_two_stop_strings_that_both_match_cut_at_the_earliest(engine: EmbeddedEngine) -> None:
+    """Two stops ending on the same character complete on the same token: the text is cut where the
+    earlier one starts, not at the one listed first."""
+    sampled = {"temperature": 1.0, "seed": 3, "max_tokens": 32}
+    free = await engine.chat(chat(**sampled))
+    text = free.text
+    windows = [
+        start
+        for start in range(3, len(text) - 4)
+        if all(c.isascii() and c.isprintable() for c in text[start : start + 4])
+        and text.find(text[start : start + 4]) == start
+        and text.find(text[start + 1 : start + 4]) == start + 1
+    ]
+    assert windows, text
+    start = windows[0]
+    early, late = text[start : start + 4], text[start + 1 : start + 4]
+    stopped = await engine.chat(chat(**sampled, stop=[late, early]))
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == text[:start]
+
+
 async def test_max_tokens_ends_with_length(engine: EmbeddedEngine) -> None:
     generation = await engine.chat(chat(max_tokens=3))
     assert generation.finish_reason == "length"

@@ -11,18 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from alight.store import MemoryStore, Store
+from alight.store import Store
+from alight.store.factory import open_store
 
 # http+token: http+sqlite with a bearer token the client sends (see tests/serving/test_auth.py).
 IMPLEMENTATIONS = ["memory", "sqlite", "http+memory", "http+sqlite", "http+token"]
 
 
 def local_store(kind: str, tmp_path: Path) -> Store:
-    if kind == "memory":
-        return MemoryStore()
-    from alight.store.sqlite import SqliteStore
-
-    return SqliteStore(tmp_path / "store.db")
+    """Each store as the factory opens it from a URL (tests/store/test_factory.py checks the kinds)."""
+    return open_store("memory://" if kind == "memory" else f"sqlite://{tmp_path / 'store.db'}")
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)
@@ -32,12 +30,11 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         async with local_store(kind, tmp_path) as impl:
             yield impl
         return
-    from alight.store.client import StoreClient
     from alight.store.server import StoreServer
 
     # The watchdog is off so the tests drive reap_timed_out themselves.
     token = "conformance-token" if kind == "http+token" else None
     inner = local_store(kind.removeprefix("http+"), tmp_path)
     with StoreServer(inner, watchdog_interval_s=None, token=token) as server:
-        async with StoreClient(server.url, token=token) as client:
+        async with open_store(server.url, token=token) as client:
             yield client

@@ -72,7 +72,11 @@ class ProxyConfig:
 
 @dataclass
 class StoreConfig:
-    url: str | None = None  # an `alight store` server to use; None: start one for the run
+    # sqlite (one durable file) | memory (lost at exit) | http (the `alight store` server at url);
+    # None: http when url is set, else sqlite. The run serves a sqlite or memory store to its runners.
+    kind: str | None = None
+    path: str | None = None  # sqlite: the store file; None: store.db in the run directory
+    url: str | None = None  # http: an `alight store` server (token: ALIGHT_TOKEN); None: start one for the run
     host: str = "127.0.0.1"  # address the run's store binds; beyond loopback needs ALIGHT_TOKEN set
     port: int = 0  # port of the store this run starts (0: any free port)
     advertise_url: str | None = None  # http://HOST:PORT runners elsewhere use; None: the bound (or routable) address

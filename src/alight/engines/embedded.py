@@ -1,9 +1,10 @@
 """The embedded engine: a `transformers` causal LM served in process, on CPU or GPU.
 
 Concurrent requests are gathered into batches and run by one background thread that owns the
-model, so no torch work happens on the event loop. Each answer carries the exact prompt ids (the
-chat template's text, encoded), the response ids and their log-probs, and the version of the
-weights that produced it; `update_weights` swaps weights in place between batches.
+model (`alight.engines.batching`), so no torch work happens on the event loop. Each answer carries
+the exact prompt ids (the chat template's text, encoded), the response ids and their log-probs,
+and the version of the weights that produced it; `update_weights` swaps weights in place between
+batches.
 """
 
 from __future__ import annotations
@@ -12,11 +13,8 @@ import asyncio
 import contextlib
 import logging
 import os
-import queue
 import threading
-import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from alight.engines.base import (
     StreamEvent,
     TextDelta,
 )
+from alight.engines.batching import BatchWorker, Job, answer, deliver
 from alight.engines.sampling import Sequence, SequenceOutput, generate
 from alight.engines.toolcalls import PlainTextStream, ToolCallStreamFilter, assistant_message, validate_tools
 from alight.engines.weights import load_weights_into
@@ -56,15 +55,6 @@ def tiny_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
         logger.info("building the tiny model in %s", path)
         build_tiny_model(path)
     return path
-
-
-@dataclass
-class _Job:
-    sequence: Sequence
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[tuple[SequenceOutput, int]]
-    texts: asyncio.Queue[str | None] | None = None  # streaming: settled text after each token, None at the end
-    adapter: str | None = None  # per-agent LoRA: the adapter that answers (None: the base model)
 
 
 class EmbeddedEngine(Engine):
@@ -124,8 +114,14 @@ class EmbeddedEngine(Engine):
         self._version = 0
         self._load_lock = threading.Lock()
         self._model_lock = threading.Lock()  # held by a running batch and by a weight update
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._worker = BatchWorker(
+            self._run,
+            max_batch_size=max_batch_size,
+            batch_wait_ms=batch_wait_ms,
+            max_batch_wait_ms=self.max_batch_wait_ms,
+            lock=self._load_lock,
+            name="alight-embedded-engine",
+        )
 
     # -- the model ---------------------------------------------------------------------------
 
@@ -201,57 +197,20 @@ class EmbeddedEngine(Engine):
 
     async def start(self) -> None:
         await asyncio.to_thread(self.load)
-        self._ensure_worker()
+        self._worker.ensure_started()
 
     async def close(self) -> None:
-        thread = self._thread
-        if thread is not None:
-            self._queue.put(None)
-            await asyncio.to_thread(thread.join)
-            self._thread = None
+        await self._worker.close()
 
-    def _ensure_worker(self) -> None:
-        with self._load_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="alight-embedded-engine", daemon=True)
-                self._thread.start()
-
-    def _serve(self) -> None:
-        """The worker thread: gather a batch, run it, hand results back to each caller's loop.
-
-        Concurrent requests arrive one by one (each prompt is rendered and encoded first): the batch
-        takes requests while they keep coming, `batch_wait_ms` apart at most, for at most
-        `max_batch_wait_ms`; a batch generates together to its end, so a request that just misses
-        it waits for the whole batch."""
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            jobs, stop = [first], False
-            cap = time.monotonic() + self.max_batch_wait_ms / 1000
-            while len(jobs) < self.max_batch_size:
-                wait = min(self.batch_wait_ms / 1000, cap - time.monotonic())
-                try:
-                    job = self._queue.get(timeout=max(wait, 0.0))
-                except queue.Empty:
-                    break
-                if job is None:
-                    stop = True
-                    break
-                jobs.append(job)
-            self._run(jobs)
-            if stop:
-                return
-
-    def _run(self, jobs: list[_Job]) -> None:
-        groups: dict[str | None, list[_Job]] = {}
+    def _run(self, jobs: list[Job]) -> None:
+        groups: dict[str | None, list[Job]] = {}
         for job in jobs:
             if not job.sequence.cancelled:  # callers gone while queued are dropped
                 groups.setdefault(job.adapter, []).append(job)
         for adapter, group in groups.items():  # one adapter per forward pass
             self._run_group(group, adapter)
 
-    def _run_group(self, jobs: list[_Job], adapter: str | None) -> None:
+    def _run_group(self, jobs: list[Job], adapter: str | None) -> None:
         try:
             with self._model_lock, self._using(adapter):
                 version = self._version
@@ -265,10 +224,10 @@ class EmbeddedEngine(Engine):
         except Exception as err:  # a failed batch fails its requests, never the worker
             logger.exception("embedded engine: batch of %d failed", len(jobs))
             for job in jobs:
-                _deliver(job, None, err)
+                deliver(job, None, err)
             return
         for job, output in zip(jobs, outputs, strict=True):
-            _deliver(job, (output, version), None)
+            deliver(job, (output, version), None)
 
     def _using(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
         """The context a batch of `adapter` generates in (no adapters: nothing to switch)."""
@@ -326,17 +285,6 @@ class EmbeddedEngine(Engine):
         parse_tools = bool(tools) and request.tool_choice != "none"
         return self._sequence(prompt_ids, request.sampling), parse_tools
 
-    def _submit(self, sequence: Sequence, *, stream: bool, adapter: str | None = None) -> _Job:
-        self._ensure_worker()
-        loop = asyncio.get_running_loop()
-        job = _Job(sequence, loop, loop.create_future(), adapter=adapter)
-        if stream:
-            texts: asyncio.Queue[str | None] = asyncio.Queue()
-            job.texts = texts
-            sequence.on_text = _threadsafe_put(loop, texts)
-        self._queue.put(job)
-        return job
-
     def _generation(
         self, sequence: Sequence, output: SequenceOutput, version: int, parse_tools: bool, adapter: str | None = None
     ) -> Generation:
@@ -360,7 +308,7 @@ class EmbeddedEngine(Engine):
     async def chat(self, request: ChatRequest) -> Generation:
         sequence, parse_tools = await self._prepare_chat(request)
         adapter = self._adapter_for(request)
-        output, version = await _answer(self._submit(sequence, stream=False, adapter=adapter))
+        output, version = await answer(self._worker.submit(sequence, stream=False, adapter=adapter))
         return self._generation(sequence, output, version, parse_tools, adapter)
 
     async def chat_stream(self, request: ChatRequest) -> AsyncIterator[StreamEvent]:
@@ -370,7 +318,7 @@ class EmbeddedEngine(Engine):
         deltas concatenate to exactly the final message's content."""
         sequence, parse_tools = await self._prepare_chat(request)
         adapter = self._adapter_for(request)
-        job = self._submit(sequence, stream=True, adapter=adapter)
+        job = self._worker.submit(sequence, stream=True, adapter=adapter)
         assert job.texts is not None
         shown = ToolCallStreamFilter() if parse_tools else PlainTextStream()
         try:
@@ -392,7 +340,7 @@ class EmbeddedEngine(Engine):
         prompt_ids = self._completion_prompt(request.prompt)
         sequence = self._sequence(prompt_ids, request.sampling)
         adapter = self._adapter_for(request)
-        output, version = await _answer(self._submit(sequence, stream=False, adapter=adapter))
+        output, version = await answer(self._worker.submit(sequence, stream=False, adapter=adapter))
         return self._generation(sequence, output, version, False, adapter)
 
     def _completion_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -426,40 +374,6 @@ class EmbeddedEngine(Engine):
 
         await asyncio.to_thread(apply)
         logger.info("embedded engine: serving weights version %d", version)
-
-
-def _threadsafe_put(loop: asyncio.AbstractEventLoop, texts: asyncio.Queue[str | None]) -> Callable[[str], None]:
-    def put(text: str) -> None:
-        with contextlib.suppress(RuntimeError):  # the caller's loop is gone
-            loop.call_soon_threadsafe(texts.put_nowait, text)
-
-    return put
-
-
-async def _answer(job: _Job) -> tuple[SequenceOutput, int]:
-    """A job's result; a caller cancelled while waiting (its client gone) stops the job's sequence."""
-    try:
-        return await job.future
-    except asyncio.CancelledError:
-        job.sequence.cancelled = True
-        raise
-
-
-def _deliver(job: _Job, result: tuple[SequenceOutput, int] | None, error: BaseException | None) -> None:
-    """Resolve a job's future (and end its text stream) on the caller's loop."""
-
-    def resolve() -> None:
-        if not job.future.done():
-            if error is not None:
-                job.future.set_exception(error)
-            else:
-                assert result is not None
-                job.future.set_result(result)
-        if job.texts is not None:
-            job.texts.put_nowait(None)
-
-    with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits for this answer
-        job.loop.call_soon_threadsafe(resolve)
 
 
 def _first_line(err: BaseException) -> str:

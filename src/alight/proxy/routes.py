@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from alight.engines.base import ChatRequest, CompletionRequest, Generation
 from alight.errors import AlightError
-from alight.proxy import anthropic_api
+from alight.proxy import anthropic_api, anthropic_request
 from alight.proxy import completion_objects as objects
 from alight.proxy.protocol import (
     ChatBody,
@@ -192,7 +192,7 @@ def create_app(
     async def messages(request: Request) -> Response:
         try:
             context = CallContext.of(request.path_params, request.headers)
-            body = anthropic_api.parse_body(parse_json(await server.body(request)))
+            body = anthropic_request.parse_body(parse_json(await server.body(request)))
             proxy.check_model(body.model)
             for key, value in proxy.sampling_for(context.rollout_id).items():
                 if getattr(body, key) is None:
@@ -281,7 +281,7 @@ def create_app(
         route(f"{prefix}/v1/chat/completions", "POST", chat, "chat completion", ChatBody)
         route(f"{prefix}/v1/completions", "POST", complete, "text completion", CompletionBody)
         route(f"{prefix}/v1/responses", "POST", respond, "Responses API call", ResponsesBody)
-        route(f"{prefix}/v1/messages", "POST", messages, "Anthropic Messages API call", anthropic_api.MessagesBody)
+        route(f"{prefix}/v1/messages", "POST", messages, "Anthropic Messages API call", anthropic_request.MessagesBody)
         server.route(f"{prefix}/v1/v1/messages", "POST", doubled_v1)  # a common mistake, named (not in OpenAPI)
         route(f"{prefix}/v1/models", "GET", models, "served models")
         route(f"{prefix}/v1/models/{{model:path}}", "GET", model, "a served model")

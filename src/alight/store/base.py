@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Self
 
+from alight.errors import NotFoundError
 from alight.store.columns import LLMColumns, columns_from_spans
 from alight.types import (
     Attempt,
@@ -193,6 +194,18 @@ class Store(abc.ABC):
 def all_status_counts(counts: Mapping[str, int]) -> dict[RolloutStatus, int]:
     """Counts for every rollout status, zero where `counts` has none."""
     return {status: int(counts.get(status.value, 0)) for status in RolloutStatus}
+
+
+def chosen_attempts(rollout_id: str, attempt_ids: list[str], attempt_id: str | None) -> list[str]:
+    """The attempts `query_spans(rollout_id, attempt_id)` reads, of the rollout's `attempt_ids` (in
+    order): the last one, all (`ALL_ATTEMPTS`) or `attempt_id`; NotFoundError for one not in it."""
+    if attempt_id is None:
+        return attempt_ids[-1:]
+    if attempt_id == ALL_ATTEMPTS:
+        return attempt_ids
+    if attempt_id in attempt_ids:
+        return [attempt_id]
+    raise NotFoundError(f"attempt {attempt_id!r} is not in rollout {rollout_id!r}")
 
 
 class EndSignal:

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from alight.errors import NotFoundError
 from alight.store import lifecycle
-from alight.store.base import EndSignal, Store, all_status_counts, wait_until_ended
+from alight.store.base import EndSignal, Store, all_status_counts, chosen_attempts, wait_until_ended
 from alight.store.write_ids import MemoryWriteIds, WriteIdLimits, attempts_from_json, attempts_json
 from alight.types import (
     Attempt,
@@ -157,16 +157,8 @@ class MemoryStore(Store):
         attempt_ids = self._attempts_of.get(rollout_id)
         if attempt_ids is None:
             raise NotFoundError(f"unknown rollout {rollout_id!r}")
-        if attempt_id is None:
-            chosen = attempt_ids[-1:]
-        elif attempt_id == "all":
-            chosen = attempt_ids
-        elif attempt_id in attempt_ids:
-            chosen = [attempt_id]
-        else:
-            raise NotFoundError(f"attempt {attempt_id!r} is not in rollout {rollout_id!r}")
         spans: list[Span] = []
-        for aid in chosen:
+        for aid in chosen_attempts(rollout_id, attempt_ids, attempt_id):
             spans.extend(sorted(self._spans.get(aid, {}).values(), key=lambda s: s.sequence_id or 0))
         return spans
 

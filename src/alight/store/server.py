@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -23,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from alight.errors import AlightError, ConfigError, ForbiddenError, InvalidRequestError, StoreError, one_line
-from alight.serving.app import DEFAULT_MAX_BODY_BYTES, Endpoint, Handler, ServerApp, unless_disconnected
+from alight.serving.app import DEFAULT_MAX_BODY_BYTES, Handler, ServerApp, unless_disconnected
 from alight.serving.auth import RUNNER_HEADER, check_bind
 from alight.serving.background import BackgroundServer
 from alight.serving.openapi import Operation
@@ -32,13 +31,12 @@ from alight.store.base import ALL_ATTEMPTS, Store
 from alight.store.columns import MEDIA_TYPE as COLUMNS_MEDIA_TYPE
 from alight.store.columns import encode_columns, gc_paused
 from alight.store.otlp import receive_traces  # opentelemetry-proto loads on the first request
+from alight.store.remembered import RememberedAnswers
 from alight.store.scopes import RunnerScopes, without_secrets
 from alight.store.wire import IDEMPOTENCY_HEADER
-from alight.types import ResourceSet, RolloutMode, RolloutStatus
+from alight.types import ResourceSet
 
 logger = logging.getLogger(__name__)
-
-_REMEMBERED_ANSWERS = 4096
 
 
 def _error_body(status: int, code: str | None, message: str) -> bytes:
@@ -46,62 +44,7 @@ def _error_body(status: int, code: str | None, message: str) -> bytes:
     return wire.error_body(code or (StoreError.code if status >= 500 else "http_error"), message)
 
 
-class _Remembered:
-    """Answers of recent requests by idempotency key: a retried write gets the first answer
-    (the same span counts, the same resource version) instead of being applied again, also while
-    the first try still runs. Only in memory: resource and reap writes also hand the key to the
-    store as their write id, which remembers it durably (a retry after a restart)."""
-
-    def __init__(self, server: ServerApp, size: int = _REMEMBERED_ANSWERS) -> None:
-        self._server = server
-        self._size = size
-        self._answers: OrderedDict[str, asyncio.Future[Response]] = OrderedDict()
-
-    def wrap(self, endpoint: Endpoint) -> Endpoint:
-        async def remembered(request: Request) -> Response:
-            key = request.headers.get(IDEMPOTENCY_HEADER)
-            if key is None:
-                return await endpoint(request)
-            key = f"{request.url.path} {key}"  # a key reused on another route is not that route's retry
-            known = self._answers.get(key)
-            if known is not None:  # a retry, possibly while the first try still runs
-                return await asyncio.shield(known)
-            future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
-            self._answers[key] = future
-            if len(self._answers) > self._size:
-                self._answers.popitem(last=False)
-            try:
-                response = await endpoint(request)
-            except BaseException:
-                self._answers.pop(key, None)
-                future.set_result(self._server.error(503, "retry", "the first try of this request was interrupted"))
-                raise
-            if response.status_code >= 500:
-                self._answers.pop(key, None)  # let a later retry run again
-            future.set_result(response)
-            return response
-
-        return remembered
-
-
 # -- the app ----------------------------------------------------------------------------------
-
-_STATUS_NAMES: dict[str, Any] = {"type": "string", "enum": [status.value for status in RolloutStatus]}
-_LIST_QUERY: dict[str, dict[str, Any]] = {
-    "status": {"type": "array", "items": _STATUS_NAMES},
-    "ids": {"type": "array", "items": {"type": "string"}},
-    "mode": {"type": "string", "enum": [mode.value for mode in RolloutMode]},
-    "group_id": {"type": "string"},
-    "limit": {"type": "integer", "minimum": 0},
-    "offset": {"type": "integer", "minimum": 0},
-}
-_SPANS_QUERY: dict[str, dict[str, Any]] = {"attempt_id": {"type": "string"}}
-
-
-class OtlpTracesBody(BaseModel):
-    """OTLP/JSON `ExportTraceServiceRequest` (protobuf is accepted too, as application/x-protobuf)."""
-
-    resourceSpans: list[dict[str, Any]] = []  # OTLP's own field name
 
 
 def create_app(
@@ -134,7 +77,7 @@ def create_app(
     server = ServerApp(
         "store server", error_body=_error_body, lifespan=watchdog, max_body_bytes=max_body_bytes, token=token
     )
-    remembered = _Remembered(server)
+    remembered = RememberedAnswers(server)
     scopes = RunnerScopes(store)
 
     def runner(request: Request) -> str | None:
@@ -337,11 +280,11 @@ def create_app(
     route("/store/attempts/{attempt_id}/finish", "POST", finish_attempt, "end an attempt", W.FinishAttemptBody)
     route("/store/rollouts/{rollout_id}/finish", "POST", finish_rollout, "end a rollout", W.FinishRolloutBody)
     route("/store/spans", "POST", add_spans, "add spans", W.SpansBody, idempotent=True)
-    route("/store/rollouts", "GET", list_rollouts, "list rollouts", query=_LIST_QUERY)
+    route("/store/rollouts", "GET", list_rollouts, "list rollouts", query=W.LIST_QUERY)
     route("/store/rollouts/query", "POST", query_rollouts, "list rollouts", W.QueryBody)
     route("/store/rollouts/{rollout_id}", "GET", get_rollout, "a rollout")
     route("/store/rollouts/{rollout_id}/attempts", "GET", list_attempts, "a rollout's attempts")
-    route("/store/rollouts/{rollout_id}/spans", "GET", query_spans, "a rollout's spans", query=_SPANS_QUERY)
+    route("/store/rollouts/{rollout_id}/spans", "GET", query_spans, "a rollout's spans", query=W.SPANS_QUERY)
     route("/store/wait", "POST", wait, "wait for rollouts to end", W.WaitBody)
     route("/store/bulk/rollouts", "POST", bulk_rollouts, "rollouts as dicts", W.BulkReadBody)
     route("/store/bulk/spans", "POST", bulk_spans, "spans as dicts", W.BulkReadBody)
@@ -352,7 +295,7 @@ def create_app(
     route("/store/counts", "GET", counts, "rollouts by status")
     route("/store/reap", "POST", reap, "time out silent attempts", W.ReapBody, idempotent=True)
     route("/health", "GET", health, "health")
-    route("/v1/traces", "POST", otlp_traces, "OTLP/HTTP trace export (protobuf or JSON)", OtlpTracesBody)
+    route("/v1/traces", "POST", otlp_traces, "OTLP/HTTP trace export (protobuf or JSON)", W.OtlpTracesBody)
     server.serve_openapi(operations)
     return server.app
 

@@ -27,10 +27,10 @@ from typing import Any, Literal
 import orjson
 
 from alight.errors import NotFoundError, StoreError
-from alight.store import lifecycle, sqlite_bulk, sqlite_columns, write_ids
+from alight.store import lifecycle, sqlite_bulk, sqlite_columns, sqlite_spans, write_ids
 from alight.store.base import EndSignal, Store, all_status_counts, wait_until_ended
 from alight.store.columns import LLMColumns
-from alight.store.sqlite_schema import SCHEMA, check_schema, insert_spans, read_row, restore_attributes, span_row
+from alight.store.sqlite_schema import SCHEMA, check_schema, read_row
 from alight.types import (
     Attempt,
     AttemptStatus,
@@ -230,62 +230,10 @@ class SqliteStore(Store):
         if not spans:
             return 0
         with self._write() as db:
-            owners = dict(
-                db.execute(
-                    "SELECT attempt_id, rollout_id FROM attempts WHERE attempt_id IN (SELECT value FROM json_each(?))",
-                    (orjson.dumps(list({s.attempt_id for s in spans})),),
-                ).fetchall()
-            )
-            for span in spans:  # validate the whole batch before writing any of it
-                if span.attempt_id not in owners:
-                    raise NotFoundError(f"unknown attempt {span.attempt_id!r}")
-                if owners[span.attempt_id] != span.rollout_id:
-                    raise NotFoundError(f"attempt {span.attempt_id!r} is not in rollout {span.rollout_id!r}")
-            last_seq = {
-                aid: db.execute("SELECT MAX(sequence_id) FROM spans WHERE attempt_id = ?", (aid,)).fetchone()[0] or 0
-                for aid in owners
-            }
-            rows = []
-            for span in spans:
-                # The sequence_id column is authoritative; the JSON keeps what the caller sent.
-                seq = span.sequence_id if span.sequence_id is not None else last_seq[span.attempt_id] + 1
-                last_seq[span.attempt_id] = max(last_seq[span.attempt_id], seq)
-                rows.append(span_row(span, seq))
-            before = db.total_changes
-            insert_spans(db, rows)
-            return db.total_changes - before
+            return sqlite_spans.add_spans(db, spans)
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
-        attempt_ids = [
-            r[0]
-            for r in self._db.execute(
-                "SELECT attempt_id FROM attempts WHERE rollout_id = ? ORDER BY number", (rollout_id,)
-            )
-        ]
-        if not attempt_ids:
-            self._rollout(rollout_id)  # raises NotFoundError for an unknown rollout
-        if attempt_id is None:
-            chosen = attempt_ids[-1:]
-        elif attempt_id == "all":
-            chosen = attempt_ids
-        elif attempt_id in attempt_ids:
-            chosen = [attempt_id]
-        else:
-            raise NotFoundError(f"attempt {attempt_id!r} is not in rollout {rollout_id!r}")
-        spans: list[Span] = []
-        for aid in chosen:
-            rows = self._db.execute(
-                "SELECT sequence_id, data, prompt_ids, response_ids, response_logprobs FROM spans"
-                " WHERE attempt_id = ? ORDER BY sequence_id",
-                (aid,),
-            )
-            for seq, data, *blobs in rows:
-                span = read_row(Span, data)
-                span.sequence_id = seq
-                if blobs != [None, None, None]:
-                    restore_attributes(span.attributes, tuple(blobs))
-                spans.append(span)
-        return spans
+        return sqlite_spans.query_spans(self._db, rollout_id, attempt_id)
 
     # -- bulk reads (see `Store`): a few queries whatever the number of rollouts, no pydantic -----
     async def span_dicts(

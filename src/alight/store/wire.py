@@ -94,6 +94,25 @@ class QueryBody(_Body):
     offset: StoreInt = Field(default=0, ge=0)
 
 
+#: Query parameters of the GET routes, for the OpenAPI document.
+_STATUS_NAMES: dict[str, Any] = {"type": "string", "enum": [status.value for status in RolloutStatus]}
+LIST_QUERY: dict[str, dict[str, Any]] = {
+    "status": {"type": "array", "items": _STATUS_NAMES},
+    "ids": {"type": "array", "items": {"type": "string"}},
+    "mode": {"type": "string", "enum": [mode.value for mode in RolloutMode]},
+    "group_id": {"type": "string"},
+    "limit": {"type": "integer", "minimum": 0},
+    "offset": {"type": "integer", "minimum": 0},
+}
+SPANS_QUERY: dict[str, dict[str, Any]] = {"attempt_id": {"type": "string"}}
+
+
+class OtlpTracesBody(BaseModel):
+    """OTLP/JSON `ExportTraceServiceRequest` (protobuf is accepted too, as application/x-protobuf)."""
+
+    resourceSpans: list[dict[str, Any]] = []  # OTLP's own field name
+
+
 class WaitBody(_Body):
     rollout_ids: list[str]
     timeout: float = Field(ge=0)  # held at most `MAX_WAIT_S` (the server's `max_wait_s`)

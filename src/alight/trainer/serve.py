@@ -36,13 +36,12 @@ def serve_store(
     store in memory. ConfigError for a taken port or an unusable `db`, or for a bind beyond
     loopback with neither `token` nor `insecure`, before serving."""
     from alight.serving.app import DEFAULT_MAX_BODY_BYTES
-    from alight.store.memory import MemoryStore
+    from alight.store.factory import StoreSpec, open_store
     from alight.store.server import serve
-    from alight.store.sqlite import SqliteStore
 
     if not insecure:  # refuse before a SQLite file is made (the server warns about --insecure)
         check_bind(host, token, what="store server")
-    store = SqliteStore(db) if db is not None else MemoryStore()
+    store = open_store(StoreSpec("sqlite", path=db) if db is not None else StoreSpec("memory"))
     serve(
         store,
         host=host,
@@ -163,9 +162,9 @@ def serve_model(
 
     store = None
     if store_url is not None:
-        from alight.store.client import StoreClient
+        from alight.store.factory import open_store
 
-        store = StoreClient(store_url, token=token)
+        store = open_store(store_url, token=token)
     served = make_engine(engine, **options)
     if prompt:
         from alight.engines.system_prompt import SystemPromptEngine

@@ -95,24 +95,23 @@ def _snapshot(source: Path, copy: Path) -> None:
 @contextlib.asynccontextmanager
 async def source_store(target: str) -> AsyncIterator[Store]:
     """The store at `target` (run directory, .db file or store URL), for reading only."""
+    from alight.store.factory import StoreSpec, open_store
+
     if is_url(target):
         from alight.serving.auth import resolve_token
-        from alight.store.client import StoreClient
 
-        client = StoreClient(target, token=resolve_token(), max_retries=1)
+        client = open_store(target, token=resolve_token(), max_retries=1)
         try:
             yield client
         finally:
             await client.close()
         return
     path = store_file(target)
-    from alight.store.sqlite import SqliteStore
-
     with tempfile.TemporaryDirectory(prefix="alight-source-") as tmp:
         copy = Path(tmp) / STORE_FILE
         await asyncio.to_thread(_snapshot, path, copy)
         try:
-            store = SqliteStore(copy)
+            store = open_store(StoreSpec("sqlite", path=copy), create=False)
         except StoreError as err:
             raise ConfigError(f"{target}: not an alight store ({str(err).splitlines()[0]})") from None
         try:

@@ -20,11 +20,13 @@ from alight.config.schema import AgentConfig, EngineConfig, ExperimentConfig
 from alight.errors import ConfigError
 from alight.serving.advertise import check_advertise_url
 from alight.serving.auth import TOKEN_ENV, is_loopback, resolve_token
+from alight.store.factory import check_store, open_store
 from alight.trainer.run_dir import STORE_FILE
 
 if TYPE_CHECKING:
     from alight.agent import LitAgent
     from alight.runner.base import Pool
+    from alight.store.base import Store
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +115,7 @@ class LocalStack:
         self.weights_version = weights_version  # recorded on spans until the first update (a resumed run's step)
         self.run_dir = run_dir
         self.n_runners = cfg.runner.n_runners if n_runners is None else n_runners  # 0: runners run elsewhere
+        self.store_spec = check_store(cfg.store)  # a bad store.kind/url/path fails here, before anything starts
         self.store_url: str | None = cfg.store.url  # as this process reaches the store
         self.store_advertise_url: str | None = None  # as runners reach it, here and on other machines
         # One shared token for the run's store, proxy and runners (ALIGHT_TOKEN); None on loopback.
@@ -140,10 +143,9 @@ class LocalStack:
         try:
             if self.store_url is None:
                 from alight.store.server import StoreServer
-                from alight.store.sqlite import SqliteStore
 
                 self.run_dir.mkdir(parents=True, exist_ok=True)
-                store = SqliteStore(self.run_dir / STORE_FILE)
+                store = open_store(self.store_spec, default_path=self.run_dir / STORE_FILE)
                 self._store_server = StoreServer(
                     store,
                     host=self.cfg.store.host,
@@ -225,16 +227,12 @@ class LocalStack:
         async with StoreClient(self._url(), token=self.token) as store:
             await store.add_resources(self.resources())
 
-    def trainer_store(self) -> Any:
+    def trainer_store(self) -> Store:
         """A store for the trainer's own loop: a second connection to the run's SQLite file (its
-        columnar reads), or a client of the configured store server."""
-        if self._store_server is not None:
-            from alight.store.sqlite import SqliteStore
-
-            return SqliteStore(self.run_dir / STORE_FILE)
-        from alight.store.client import StoreClient
-
-        return StoreClient(self._url(), token=self.token)
+        columnar reads), or a client of the store server (the run's memory store, or store.url's)."""
+        if self._store_server is not None and self.store_spec.kind == "sqlite":
+            return open_store(self.store_spec, default_path=self.run_dir / STORE_FILE)
+        return open_store(self._url(), token=self.token)
 
     def _url(self) -> str:
         if self.store_url is None:

@@ -41,18 +41,17 @@ class RolloutDetail:
 
 def open_store(target: str) -> Store:
     """A store from a run directory, a SQLite file or a store server URL."""
-    if target.startswith(("http://", "https://")):
-        from alight.store.client import StoreClient
+    from alight.store.factory import StoreSpec
+    from alight.store.factory import open_store as open_spec
 
-        return StoreClient(target, max_retries=1)
+    if target.startswith(("http://", "https://")):
+        return open_spec(target, max_retries=1)
     path = Path(target).expanduser()
     if path.is_dir():
         path = path / STORE_FILE
     if not path.is_file():
         raise ConfigError(f"{target}: no run directory, store file or store URL there (looked for {path})")
-    from alight.store.sqlite import SqliteStore
-
-    return SqliteStore(path)
+    return open_spec(StoreSpec("sqlite", path=path), create=False)
 
 
 def read_rollouts(target: str, *, limit: int = 50, otlp_path: Path | None = None) -> list[dict[str, Any]]:
