@@ -19,7 +19,14 @@ from alight.algorithms.batch import TransitionBatch
 from alight.backends.embedded import EmbeddedBackend
 from alight.backends.factory import backend_for, check_backend
 from alight.backends.per_agent_lora import PerAgentLoraBackend
-from alight.config.schema import AlgorithmConfig, EngineConfig, ExperimentConfig, LoraConfig, TrainerConfig
+from alight.config.schema import (
+    AlgorithmConfig,
+    DataConfig,
+    EngineConfig,
+    ExperimentConfig,
+    LoraConfig,
+    TrainerConfig,
+)
 from alight.errors import ConfigError
 from alight.types import Transition
 
@@ -210,6 +217,7 @@ def hand_merged_log_probs(tiny_dir: Path, adapter: dict[str, torch.Tensor], agen
         ({"lora": LoraConfig(agents=["w"])}, "per_agent is false"),
         ({"trainer": TrainerConfig(backend="verl")}, "not yet with trainer.backend=verl"),
         ({"engine": EngineConfig(kind="vllm")}, "not yet with engine.kind=vllm"),
+        ({"data": DataConfig(from_store="runs/x")}, "not with data.from_store"),
     ],
 )
 def test_settings_that_cannot_run_are_one_line_errors(change: dict[str, Any], expected: str) -> None:

@@ -22,8 +22,8 @@ from alight import semconv
 from alight.config.schema import RayConfig, RunnerConfig
 from alight.errors import ConfigError
 from alight.runner.factory import check_pool
-from alight.runner.service import run_pool_until_interrupted
 from alight.runner.ray_pool import RayRunnerPool
+from alight.runner.service import run_pool_until_interrupted
 from alight.store.client import StoreClient
 from alight.types import Attempt, AttemptStatus, LLMResource, Rollout, RolloutStatus, Span, SpanKind, Task
 

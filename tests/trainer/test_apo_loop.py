@@ -65,6 +65,7 @@ class Recorder:
 
 @pytest.mark.slow
 def test_the_beam_keeps_the_best_scored_prompt_and_records_every_candidate(tmp_path: Path) -> None:
+    from alight.trainer.loops import LoopInput
     from alight.trainer.loops.apo import ApoLoop
 
     optimizer = ScriptedOptimizer(
@@ -78,7 +79,8 @@ def test_the_beam_keeps_the_best_scored_prompt_and_records_every_candidate(tmp_p
     run_dir = tmp_path / "run"
     with ScriptedOpenAIServer(lambda request: answer("ok"), model=None) as upstream:
         cfg = apo_config(tmp_path, upstream.url)
-        loop = ApoLoop(cfg, run_dir, rows(6, "train"), rows(5, "val"), watchers=[recorder], optimizer=optimizer)
+        run = LoopInput(cfg, run_dir, rows(6, "train"), rows(5, "val"), watchers=[recorder])
+        loop = ApoLoop(run, optimizer=optimizer)
         result = loop.run()
 
     assert (run_dir / "apo" / "best_prompt.txt").read_text() == BEST

@@ -64,6 +64,7 @@ CALLERS = {
     "check_selection": {"trainer/checks.py", "trainer/sft_source.py", "algorithms/sft.py"},
     "check_source": {"trainer/checks.py"},
     "check_pool": {"trainer/checks.py", "trainer/dev.py", "runner/service.py"},
+    "check_store": {"trainer/checks.py", "trainer/stack.py"},  # the stack parses the spec it opens (dev)
 }
 
 
@@ -91,6 +92,7 @@ def test_validation_refuses_in_one_line_before_anything_starts(tmp_path: Path) -
         (config(algorithm={"name": "grpo"}, data={"from_store": str(tmp_path)}, agent=agent), "algorithm.name=sft"),
         (config(runner={"n_runners": -1}, agent=agent), "runner.n_runners"),
         (config(trainer={"group_size": 1}, agent=agent), "trainer.group_size must be at least 2"),
+        (config(store={"kind": "s3"}, agent=agent), "store.kind"),
     ]
     for cfg, message in cases:
         with pytest.raises(ConfigError, match=message) as err:

@@ -21,8 +21,8 @@ from alight.algorithms.batch import TransitionBatch
 from alight.backends import checkpoint, losses, memory
 from alight.backends.base import FactoryDefaults
 from alight.backends.chunked import response_log_probs
-from alight.backends.objective import objective
 from alight.backends.lora import load_adapter, merged_weights, save_adapters, with_lora
+from alight.backends.objective import objective
 from alight.backends.optimization import Optimization
 from alight.config.schema import AlgorithmConfig, ExperimentConfig
 from alight.errors import ConfigError

@@ -67,6 +67,10 @@ class PerAgentLoraBackend(EmbeddedBackend):
             raise ConfigError(f"algorithm.lora.per_agent: not yet with engine.kind={cfg.engine.kind} ({WHERE})")
         if not lora.agents:
             raise ConfigError("algorithm.lora.per_agent needs algorithm.lora.agents: the agents that get an adapter")
+        if cfg.data.from_store is not None:
+            raise ConfigError(
+                "algorithm.lora.per_agent: not with data.from_store (fine-tune one adapter: lora.enabled)"
+            )
         check_adapter_names(list(lora.agents), "algorithm.lora.agents")
         if lora.r < 1 or lora.alpha <= 0 or not 0 <= lora.dropout < 1 or not lora.target_modules:
             raise ConfigError("algorithm.lora: r must be >= 1, alpha > 0, dropout in [0, 1), target_modules not empty")

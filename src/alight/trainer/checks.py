@@ -17,6 +17,7 @@ def validate(cfg: ExperimentConfig) -> None:
     """ConfigError, in one line, for the first setting `cfg` cannot run with (see the module docstring)."""
     from alight.backends.factory import check_backend
     from alight.runner.factory import check_pool
+    from alight.store.factory import check_store
     from alight.trainer.loops import loop_kind
     from alight.trainer.stack import runner_agent
 
@@ -37,6 +38,7 @@ def validate(cfg: ExperimentConfig) -> None:
         check_backend(cfg)
     if kind == "sft_store":
         _check_from_store(cfg)
+    check_store(cfg.store)
     check_pool(cfg.runner)
     runner_agent(cfg.agent)  # an entrypoint that does not import, a missing program: one line, here
 

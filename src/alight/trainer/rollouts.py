@@ -42,23 +42,16 @@ class StepRollouts:
         self.reusable = await self.enqueued_after(step)
 
     async def collect(
-        self,
-        step: int,
-        split: str,
-        tasks: Sequence[Any],
-        rows: Sequence[int],
-        group_size: int,
-        *,
-        sampling: Mapping[str, Any] | None = None,
-        stage: str | None = None,
+        self, step: int, split: str, *batch: Any, stage: str | None = None, **options: Any
     ) -> list[Rollout]:
-        """Enqueue the step's rollouts (or, resuming, take those a killed run enqueued for it, with
-        the seeds they had) and wait for them (`wait`)."""
+        """Enqueue the step's rollouts, `enqueue(step, split, *batch, **options)` (or, resuming, take
+        those a killed run enqueued for it, with the seeds they had) and wait for them (`wait`)."""
+        sampling = options.get("sampling")
         t = self.cfg.trainer
         ids = self.reusable.pop((split, step), None)
         if ids:
             self.seed_sampling(step, split, ids, sampling)
-        ids = ids or await self.enqueue(step, split, tasks, rows, group_size, sampling=sampling)
+        ids = ids or await self.enqueue(step, split, *batch, **options)
         try:
             return await self.wait(step, ids, t.step_timeout_s, t.min_batch_fraction, stage=stage)
         finally:

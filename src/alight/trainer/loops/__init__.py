@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,11 +33,22 @@ LOOPS: dict[str, str] = {
 }
 
 
-class Loop(Protocol):
-    """One run of one algorithm in a run directory: `run()` does all of it and returns the result.
+@dataclass(frozen=True)
+class LoopInput:
+    """What every loop is built from: the (validated, `alight.trainer.checks`) config, the run
+    directory, the data rows, whether to resume the newest checkpoint, and the event watchers."""
 
-    Every loop class is built as `cls(cfg, run_dir, train_rows, val_rows, resume=..., watchers=...)`
-    with the config already validated (`alight.trainer.checks.validate`)."""
+    cfg: ExperimentConfig
+    run_dir: Path
+    train_rows: Rows
+    val_rows: Rows | None
+    resume: bool = False
+    watchers: Sequence[Any] = field(default_factory=tuple)
+
+
+class Loop(Protocol):
+    """One run of one algorithm in a run directory, built as `cls(LoopInput(...))`: `run()` does
+    all of it and returns the result."""
 
     def run(self) -> FitResult: ...
 
@@ -62,5 +74,5 @@ def make_loop(
     """The loop that runs `cfg` (see `LOOPS`)."""
     module, name = LOOPS[loop_kind(cfg)].split(":")
     cls = getattr(importlib.import_module(module), name)
-    loop: Loop = cls(cfg, run_dir, train_rows, val_rows, resume=resume, watchers=watchers)
+    loop: Loop = cls(LoopInput(cfg, run_dir, train_rows, val_rows, resume, watchers))
     return loop

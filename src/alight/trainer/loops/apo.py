@@ -19,7 +19,6 @@ import logging
 import statistics
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from alight.algorithms.apo import (
@@ -33,9 +32,10 @@ from alight.algorithms.apo import (
     save_best,
 )
 from alight.algorithms.apo.checks import search_settings
-from alight.config.schema import EngineConfig, ExperimentConfig
+from alight.config.schema import EngineConfig
 from alight.errors import ConfigError, TrainingError
 from alight.trainer import checkpoint as ckpt
+from alight.trainer.loops import LoopInput
 from alight.trainer.loops.common import execute, start_stack
 from alight.trainer.policy import Policy
 from alight.trainer.result import FitResult
@@ -68,28 +68,18 @@ class ApoLoop:
     """One APO run in `run_dir`; `run()` does all of it. `optimizer` replaces the configured
     optimiser LLM (`algorithm.apo.optimizer`), e.g. a scripted one in tests."""
 
-    def __init__(
-        self,
-        cfg: ExperimentConfig,
-        run_dir: Path,
-        train_rows: list[dict[str, Any]],
-        val_rows: list[dict[str, Any]] | None,
-        *,
-        resume: bool = False,
-        watchers: Sequence[Any] = (),
-        optimizer: Optimizer | None = None,
-    ) -> None:
-        apo = cfg.algorithm.apo
-        if resume:
+    def __init__(self, run: LoopInput, *, optimizer: Optimizer | None = None) -> None:
+        cfg, apo, val_rows = run.cfg, run.cfg.algorithm.apo, run.val_rows
+        if run.resume:
             raise ConfigError("--resume: an APO run does not resume; start a new one (its best prompt is in apo/)")
         if not val_rows:
             raise ConfigError("algorithm apo scores prompts on validation tasks: set data.val")
         self.cfg = cfg
         self.apo = apo
         self.settings = search_settings(apo)
-        self.train_rows = train_rows
+        self.train_rows = run.train_rows
         self.val_rows = val_rows[: apo.val_size]
-        self.session = RunSession(cfg, run_dir, watchers=watchers)
+        self.session = RunSession(cfg, run.run_dir, watchers=run.watchers)
         self.policy = Policy(cfg, self.session)
         self.optimizer = optimizer
         self.optimizer_engine: Any = None

@@ -26,6 +26,20 @@ def execute(session: RunSession, policy: Policy, work: Callable[[], None]) -> Fi
         policy.close()
 
 
+def step_info(session: RunSession, total_steps: int) -> dict[str, Any]:
+    """What a step-based loop announces at its start (the session adds the run's name and history)."""
+    cfg = session.cfg
+    return {
+        "total_steps": total_steps,
+        "algorithm": cfg.algorithm.name,
+        "model": cfg.engine.model,
+        "n_runners": cfg.runner.n_runners,
+        "batch_size": cfg.trainer.batch_size,
+        "group_size": cfg.trainer.group_size,
+        "warm_start_steps": cfg.warm_start.steps if cfg.warm_start.data and not session.resume else 0,
+    }
+
+
 def start_stack(session: RunSession, served: str, *, weights_version: int, **options: Any) -> LocalStack:
     """The run's stack (store, proxy + engine serving `served`, runners), not started yet."""
     session.events.on_stage("starting store, engine and runners", 0, 1)

@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alight.config.schema import ExperimentConfig
-from alight.trainer.loops.common import drive_steps, execute, start_stack
+from alight.trainer.loops import LoopInput
+from alight.trainer.loops.common import drive_steps, execute, start_stack, step_info
 from alight.trainer.policy import Policy
 from alight.trainer.result import FitResult
 from alight.trainer.rollouts import StepRollouts
@@ -35,40 +34,22 @@ logger = logging.getLogger(__name__)
 class RLLoop:
     """One RL run in `run_dir` (see the module docstring); `run()` does all of it."""
 
-    def __init__(
-        self,
-        cfg: ExperimentConfig,
-        run_dir: Path,
-        train_rows: list[dict[str, Any]],
-        val_rows: list[dict[str, Any]] | None,
-        *,
-        resume: bool = False,
-        watchers: Sequence[Any] = (),
-    ) -> None:
+    def __init__(self, run: LoopInput) -> None:
+        cfg = run.cfg
         t = cfg.trainer
         self.cfg = cfg
-        self.train_rows = train_rows
-        self.total_steps = t.steps or max(1, t.epochs * len(train_rows) // t.batch_size)
-        self.session = RunSession(cfg, run_dir, resume=resume, watchers=watchers)
+        self.train_rows = run.train_rows
+        self.total_steps = t.steps or max(1, t.epochs * len(self.train_rows) // t.batch_size)
+        self.session = RunSession(cfg, run.run_dir, resume=run.resume, watchers=run.watchers)
         self.policy = Policy(cfg, self.session)
         self.policy.total_steps = self.total_steps
-        self.validator = Validator(val_rows, cfg.data.input_field, t)
+        self.validator = Validator(run.val_rows, cfg.data.input_field, t)
 
     def run(self) -> FitResult:
-        cfg, session = self.cfg, self.session
+        session = self.session
         with session:
             checkpoint = session.resume_point() if session.resume else None
-            session.announce(
-                {
-                    "total_steps": self.total_steps,
-                    "algorithm": cfg.algorithm.name,
-                    "model": cfg.engine.model,
-                    "n_runners": cfg.runner.n_runners,
-                    "batch_size": cfg.trainer.batch_size,
-                    "group_size": cfg.trainer.group_size,
-                    "warm_start_steps": cfg.warm_start.steps if cfg.warm_start.data and not session.resume else 0,
-                }
-            )
+            session.announce(step_info(session, self.total_steps))
             return execute(session, self.policy, lambda: self._train(checkpoint))
 
     def _train(self, checkpoint: tuple[Path, dict[str, Any], Any] | None) -> None:

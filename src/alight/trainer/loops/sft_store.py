@@ -15,14 +15,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from alight.algorithms.batch import TransitionBatch
-from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError
-from alight.trainer.loops.common import drive_steps, execute, start_stack
+from alight.trainer.loops import LoopInput
+from alight.trainer.loops.common import drive_steps, execute, start_stack, step_info
 from alight.trainer.policy import Policy
 from alight.trainer.result import FitResult
 from alight.trainer.rollouts import StepRollouts
@@ -35,40 +35,22 @@ class SFTStoreLoop:
     """One fine-tuning run in `run_dir` from the store `cfg.data.from_store` (see the module
     docstring); `train_rows` is not read (the transitions come from the store)."""
 
-    def __init__(
-        self,
-        cfg: ExperimentConfig,
-        run_dir: Path,
-        train_rows: list[dict[str, Any]] | None,
-        val_rows: list[dict[str, Any]] | None,
-        *,
-        resume: bool = False,
-        watchers: Sequence[Any] = (),
-    ) -> None:
+    def __init__(self, run: LoopInput) -> None:
+        cfg = run.cfg
         self.cfg = cfg
-        self.session = RunSession(cfg, run_dir, resume=resume, watchers=watchers)
+        self.session = RunSession(cfg, run.run_dir, resume=run.resume, watchers=run.watchers)
         self.policy = Policy(cfg, self.session)
-        self.validator = Validator(val_rows, cfg.data.input_field, cfg.trainer)
+        self.validator = Validator(run.val_rows, cfg.data.input_field, cfg.trainer)
         self.transitions: list[Transition] = []
         self.selection_metrics: dict[str, float] = {}
         self.total_steps = 0
 
     def run(self) -> FitResult:
-        cfg, session = self.cfg, self.session
+        session = self.session
         with session:
             checkpoint = session.resume_point() if session.resume else None
             self._select()
-            session.announce(
-                {
-                    "total_steps": self.total_steps,
-                    "algorithm": cfg.algorithm.name,
-                    "model": cfg.engine.model,
-                    "n_runners": cfg.runner.n_runners,
-                    "batch_size": cfg.trainer.batch_size,
-                    "group_size": cfg.trainer.group_size,
-                    "warm_start_steps": cfg.warm_start.steps if cfg.warm_start.data and not session.resume else 0,
-                }
-            )
+            session.announce(step_info(session, self.total_steps))
             return execute(session, self.policy, lambda: self._train(checkpoint))
 
     def _select(self) -> None:
