@@ -68,8 +68,11 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.dist = "loadgroup"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the tests of `GROUPS` (and those using `RAY_FIXTURES`) in their xdist group."""
+    """Put the tests of `GROUPS` (and those using `RAY_FIXTURES`) in their xdist group; on xdist's
+    workers, also hand out the longest work first (the Ray group, then the `slow` tests), so that no
+    long test starts last while the other workers sit idle."""
     root = Path(__file__).resolve().parents[1]
     for item in items:
         path = item.path.resolve().relative_to(root).as_posix()
@@ -78,3 +81,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.xdist_group(group))
         if any(name in RAY_FIXTURES for name in getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("ray"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: xdist checks they collect the same
+        items.sort(key=_start_order)  # stable: within a rank, the collection order stays
+
+
+def _start_order(item: pytest.Item) -> int:
+    """0 for the Ray group, 1 for a `slow` test, 2 for the rest."""
+    if any(mark.args == ("ray",) for mark in item.iter_markers("xdist_group")):
+        return 0
+    return 1 if item.get_closest_marker("slow") else 2
