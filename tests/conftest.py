@@ -60,8 +60,10 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """Run on `WORKERS` xdist workers with `--dist loadgroup` when the command line names neither `-n`
-    nor `--dist` (before xdist's own hook reads them); nothing without xdist or inside a worker."""
+    nor `--dist` (before xdist's own hook reads them); nothing without xdist, with --pdb or inside a worker."""
     if not config.pluginmanager.hasplugin("xdist") or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if config.option.usepdb:  # --pdb needs the tests in this process
         return
     if config.option.numprocesses is None and config.option.dist == "no" and not config.option.tx:
         config.option.numprocesses = WORKERS
