@@ -1,4 +1,5 @@
-"""Fixtures for every test: the anyio backend, and the real tiny model, built once per session."""
+"""Fixtures for every test: the anyio backend, and the real tiny model, built once per session; and
+how the suite runs in parallel (pytest-xdist): `WORKERS` processes unless `-n` says otherwise."""
 
 from __future__ import annotations
 
@@ -7,6 +8,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+#: Default worker processes (pytest-xdist). On the 2-core CI machine 3 beat 2 and 4: the tests wait on
+#: subprocesses, servers and Ray much of the time. `-n N` overrides it, `-n 0` or `-p no:xdist` runs serially.
+WORKERS = 3
+#: Test files whose tests run one after another on one worker (`xdist_group`), and why.
+GROUPS = {
+    # One local Ray cluster at a time: each starts a dozen processes and takes the machine's CPUs.
+    "ray": (
+        "tests/runner/test_pool_protocol.py",
+        "tests/runner/test_ray_pool.py",
+        "tests/trainer/test_ray_parity.py",
+        "tests/trainer/test_verl_cpu_run.py",
+        "tests/backends/verl/",
+    ),
+}
+#: Fixtures that start Ray: their tests join the "ray" group wherever they are.
+RAY_FIXTURES = ("ray_cluster", "verl_ray")
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -37,3 +55,40 @@ def one_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Run on `WORKERS` xdist workers with `--dist loadgroup` when the command line names neither `-n`
+    nor `--dist` (before xdist's own hook reads them); nothing without xdist, with --pdb or inside a worker."""
+    if not config.pluginmanager.hasplugin("xdist") or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if config.option.usepdb:  # --pdb needs the tests in this process
+        return
+    if config.option.numprocesses is None and config.option.dist == "no" and not config.option.tx:
+        config.option.numprocesses = WORKERS
+        config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the node ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the tests of `GROUPS` (and those using `RAY_FIXTURES`) in their xdist group; on xdist's
+    workers, also hand out the longest work first (the Ray group, then the `slow` tests), so that no
+    long test starts last while the other workers sit idle."""
+    root = Path(__file__).resolve().parents[1]
+    for item in items:
+        path = item.path.resolve().relative_to(root).as_posix()
+        for group, prefixes in GROUPS.items():
+            if path.startswith(prefixes):
+                item.add_marker(pytest.mark.xdist_group(group))
+        if any(name in RAY_FIXTURES for name in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: xdist checks they collect the same
+        items.sort(key=_start_order)  # stable: within a rank, the collection order stays
+
+
+def _start_order(item: pytest.Item) -> int:
+    """0 for the Ray group, 1 for a `slow` test, 2 for the rest."""
+    if any(mark.args == ("ray",) for mark in item.iter_markers("xdist_group")):
+        return 0
+    return 1 if item.get_closest_marker("slow") else 2
