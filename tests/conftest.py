@@ -22,6 +22,8 @@ GROUPS = {
         "tests/trainer/test_verl_cpu_run.py",
         "tests/backends/verl/",
     ),
+    # The GPU sets' pip dry runs share one module-scoped fixture: on one worker they run once.
+    "pip": ("tests/test_gpu_extras.py",),
 }
 #: Fixtures that start Ray: their tests join the "ray" group wherever they are.
 RAY_FIXTURES = ("ray_cluster", "verl_ray")

@@ -26,6 +26,7 @@ def test_ruff_is_clean() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # beside the suite's other workers on 2 cores
 def test_mypy_is_clean() -> None:
     result = _run(sys.executable, "-m", "mypy")
     assert result.returncode == 0, result.stdout + result.stderr

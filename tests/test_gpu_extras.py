@@ -66,7 +66,7 @@ def pip_env() -> dict[str, str]:
     return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
-def pip(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+def pip(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pip", *args], capture_output=True, text=True, env=pip_env(), timeout=timeout_s
     )
@@ -134,6 +134,7 @@ def gpu_resolutions(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str,
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # pip resolves from PyPI beside the suite's other workers
 def test_the_smoke_checks_wheels_resolve_for_python_312_beside_torch_211(
     gpu_resolutions: dict[tuple[str, str], Future[Any]],
 ) -> None:
@@ -148,6 +149,7 @@ def test_the_smoke_checks_wheels_resolve_for_python_312_beside_torch_211(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize(("extra_name", "python"), GPU_SETS)
 def test_the_gpu_extra_resolves_for_linux_x86_64(
     extra_name: str, python: str, gpu_resolutions: dict[tuple[str, str], Future[dict[str, Any]]]

@@ -177,4 +177,4 @@ def test_dev_cancels_rollouts_still_running_at_its_time_limit(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     [row] = json.loads(done.stdout)["rollouts"]
     assert row["status"] == "cancelled"
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 300  # the agent sleeps 600 s: dev cancelled it, however busy the machine

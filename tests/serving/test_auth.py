@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -276,28 +277,34 @@ def test_commands_refuse_to_bind_beyond_loopback_without_a_token(command: list[s
 
 @contextmanager
 def serving(command: list[str], env: dict[str, str]) -> Iterator[tuple[str, list[str]]]:
-    """Run `alight COMMAND --host 0.0.0.0` until /health answers; after the block, the list holds
-    its stderr."""
+    """Run `alight COMMAND --host 0.0.0.0` until /health answers and its first stderr line (the
+    banner) is out; after the block, the list holds its stderr."""
     port = free_port()
     proc = subprocess.Popen(
         [*ALIGHT, *command, "--host", ANY, "--port", str(port)], stderr=subprocess.PIPE, text=True, env=env
     )
-    url, stderr = f"http://127.0.0.1:{port}", []
+    url, stderr, lines = f"http://127.0.0.1:{port}", [], []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True)
+    reader.start()
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while True:
-            assert proc.poll() is None, proc.communicate()[1]
+            assert proc.poll() is None, "".join(lines)
             assert time.monotonic() < deadline, "the server never answered"
             try:
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200 and lines:
                     break
             except httpx.TransportError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         yield url, stderr
     finally:
         if proc.poll() is None:
             proc.terminate()
-        stderr.append(proc.communicate(timeout=30)[1])
+        proc.wait(timeout=30)
+        reader.join(timeout=30)
+        stderr.append("".join(lines))
 
 
 def test_alight_store_insecure_serves_with_a_warning() -> None:
