@@ -329,8 +329,8 @@ def test_save_then_load_restores_weights_and_optimizer(tiny_dir: Path, tmp_path:
 
 
 # (field, bad value)
-BAD = [
-    ("name", "dpo"),
+BAD = [  # algorithm.name is checked with the rest of the run's config (tests/trainer/test_loops.py)
+    ("loss", "mse"),
     ("loss_agg", "sum"),
     ("kl_estimator", "k4"),
     ("lr", 0.0),
@@ -365,6 +365,10 @@ def test_check_algorithm_accepts_the_defaults_and_each_algorithm() -> None:
         check_algorithm(AlgorithmConfig(name=name, mini_batch_size=4, clip_ratio_high=0.28))
 
 
-def test_the_backend_checks_its_algorithm_before_loading(tmp_path: Path) -> None:
+def test_the_backend_settings_are_checked_before_any_model_loads(tmp_path: Path) -> None:
+    """Once, with the run's config (`check_backend`); the backend then trusts what it is given."""
+    from alight.backends.factory import check_backend
+    from alight.config.schema import ExperimentConfig
+
     with pytest.raises(ConfigError, match=r"algorithm\.lr"):
-        EmbeddedBackend(tmp_path / "no-model", AlgorithmConfig(lr=-1.0))
+        check_backend(ExperimentConfig(algorithm=AlgorithmConfig(lr=-1.0)))

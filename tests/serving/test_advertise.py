@@ -192,9 +192,6 @@ def test_the_stack_publishes_the_proxys_advertised_url_and_hands_runners_the_sto
 def test_the_stack_refuses_a_bad_advertise_url_before_starting_anything(tmp_path: Path) -> None:
     from alight.trainer.stack import LocalStack
 
-    with pytest.raises(ConfigError, match=r"^runner.n_runners must be 0 \(runners on other machines only\) or more"):
-        LocalStack(_config(tmp_path, "http://127.0.0.1:1/v1", "runner.n_runners=-1"), tmp_path / "run").start()
-
     cfg = _config(tmp_path, "http://127.0.0.1:1/v1", "proxy.advertise_url=http://0.0.0.0:8123")
     with pytest.raises(ConfigError, match=r"^bad proxy.advertise_url 'http://0.0.0.0:8123': 0.0.0.0 means"):
         LocalStack(cfg, tmp_path / "run").start()
