@@ -18,6 +18,9 @@ same fields:
   one counts as 0) over its `response_mask`; `rewards` [B] float32: each row's reward.
 - `prompt_lengths`, `response_lengths` [B] int64: real tokens per row.
 - `meta`: lists of length B: rollout_id, attempt_id, group_id, agent_name, step_index, span_id.
+- `stale` [B] bool or None (none): rows served by weights older than those being updated (async
+  training); `proximal_log_probs` [B, R] float32 or None: their log-probs under the weights before
+  the update (the backend fills them), the decoupled-PPO anchor; fresh rows keep `old_log_probs`.
 
 Stored: input_ids, the lengths, old log-probs, per-row advantages and rewards, and the response
 mask of trajectory rows. `attention_mask`, `position_ids`, `advantages` (and a plain
@@ -64,6 +67,8 @@ class TransitionBatch:
         meta: dict[str, list[Any]],
         pad_id: int,
         loss_mask: torch.Tensor | None = None,
+        stale: torch.Tensor | None = None,
+        proximal_log_probs: torch.Tensor | None = None,
     ) -> None:
         self.input_ids = input_ids
         self.prompt_lengths = prompt_lengths
@@ -75,6 +80,15 @@ class TransitionBatch:
         self.meta = meta
         self.pad_id = pad_id
         self._loss_mask = loss_mask  # [B, R] when some row masks inserted tokens (trajectory mode)
+        self.stale = stale
+        self.proximal_log_probs = proximal_log_probs
+
+    def mark_stale(self, rollout_ids: set[str] | frozenset[str]) -> None:
+        """Mark the rows of these rollouts stale (served by older weights); none: `stale` stays None."""
+        import torch
+
+        rows = [rid in rollout_ids for rid in self.meta["rollout_id"]]
+        self.stale = torch.tensor(rows, dtype=torch.bool) if any(rows) else None
 
     # -- shape ------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -282,6 +296,10 @@ class TransitionBatch:
             meta={key: [values[i] for i in rows] for key, values in self.meta.items()},
             pad_id=self.pad_id,
             loss_mask=None if loss_mask is None else loss_mask.index_select(0, index)[:, :keep_r],
+            stale=None if self.stale is None else self.stale.index_select(0, index),
+            proximal_log_probs=(
+                None if self.proximal_log_probs is None else self.proximal_log_probs.index_select(0, index)[:, :keep_r]
+            ),
         )
 
     def split(self, micro_batch_size: int) -> list[TransitionBatch]:
@@ -304,6 +322,8 @@ class TransitionBatch:
             meta=self.meta,
             pad_id=self.pad_id,
             loss_mask=None if self._loss_mask is None else self._loss_mask.to(device),
+            stale=None if self.stale is None else self.stale.to(device),
+            proximal_log_probs=None if self.proximal_log_probs is None else self.proximal_log_probs.to(device),
         )
 
     def __repr__(self) -> str:

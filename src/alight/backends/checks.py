@@ -36,6 +36,7 @@ def check_algorithm(cfg: AlgorithmConfig) -> None:
         "ppo_epochs": cfg.ppo_epochs >= 1,
         "clip_ratio_low": 0 <= cfg.clip_ratio_low < 1,
         "clip_ratio_high": cfg.clip_ratio_high >= 0,
+        "is_cap": cfg.is_cap == 0 or cfg.is_cap >= 1,
         "kl_coef": cfg.kl_coef >= 0,
         "max_grad_norm": cfg.max_grad_norm >= 0,
         "warmup_steps": cfg.warmup_steps >= 0,

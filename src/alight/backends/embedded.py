@@ -184,6 +184,23 @@ class EmbeddedBackend(FactoryDefaults):
                 batch.old_log_probs[rows, : part.response_length] = lp
         batch.has_old_log_probs[:] = True
 
+    def fill_proximal_log_probs(self, batch: TransitionBatch) -> None:
+        """Stale rows (async training) get the current policy's log-probs (before any update) as
+        their proximal anchor; fresh rows keep their behaviour log-probs. No stale row: nothing."""
+        import torch
+
+        if batch.stale is None or not bool(batch.stale.any()):
+            return
+        proximal = batch.old_log_probs.clone()
+        stale = batch.stale.nonzero().flatten().tolist()
+        with torch.no_grad():
+            micro = self._micro_batch_size(batch)
+            for start in range(0, len(stale), micro):
+                rows = stale[start : start + micro]
+                part = batch.select(rows)
+                proximal[rows, : part.response_length] = self.log_probs(part)[0].cpu() * part.response_mask
+        batch.proximal_log_probs = proximal
+
     # -- updates --------------------------------------------------------------------------------
     def update(self, batch: TransitionBatch) -> dict[str, float]:
         """One RL update on `batch` (its advantages set); metrics under actor/ names.
@@ -214,6 +231,7 @@ class EmbeddedBackend(FactoryDefaults):
                 "actor/lr": self._optimization().lr,
             }
         self.fill_old_log_probs(batch)
+        self.fill_proximal_log_probs(batch)
         sums: dict[str, float] = {}
         steps = skipped_steps = skipped_micro = 0
         forwarded = 0.0
@@ -263,7 +281,7 @@ class EmbeddedBackend(FactoryDefaults):
         cfg = self.cfg
         mask_all = mini.response_mask
         normaliser = float(mask_all.sum()) if cfg.loss_agg == "token_mean" else float(len(mini))
-        totals = {"loss": 0.0, "clipfrac": 0.0, "ppo_kl": 0.0, "kl": 0.0, "entropy": 0.0}
+        totals = {"loss": 0.0, "clipfrac": 0.0, "ppo_kl": 0.0, "kl": 0.0, "entropy": 0.0, "is_w": 0.0, "is_cap": 0.0}
         tokens = 0.0
         skipped = forwarded = 0
         ran_tokens = 0.0
@@ -280,9 +298,21 @@ class EmbeddedBackend(FactoryDefaults):
             assert token_entropy is not None
             if cfg.entropy_coef == 0:
                 token_entropy = token_entropy.detach()
-            pg, clipped, approx_kl = losses.clipped_policy_loss(
-                log_probs, micro.old_log_probs, micro.advantages, cfg.clip_ratio_low, cfg.clip_ratio_high
-            )
+            if micro.proximal_log_probs is None:  # on-policy rows: the behaviour policy is the proximal one
+                pg, clipped, approx_kl = losses.clipped_policy_loss(
+                    log_probs, micro.old_log_probs, micro.advantages, cfg.clip_ratio_low, cfg.clip_ratio_high
+                )
+                weight, capped = mask.to(torch.float32), torch.zeros_like(log_probs)
+            else:
+                pg, clipped, approx_kl, weight, capped = losses.decoupled_policy_loss(
+                    log_probs,
+                    micro.proximal_log_probs,
+                    micro.old_log_probs,
+                    micro.advantages,
+                    cfg.clip_ratio_low,
+                    cfg.clip_ratio_high,
+                    cfg.is_cap,
+                )
             loss = losses.aggregate(pg, mask, cfg.loss_agg, normaliser=normaliser)
             if cfg.entropy_coef:
                 loss = loss - cfg.entropy_coef * losses.aggregate(
@@ -298,6 +328,8 @@ class EmbeddedBackend(FactoryDefaults):
             totals["clipfrac"] += float((clipped * m).sum())
             totals["ppo_kl"] += float((approx_kl.detach() * m).sum())
             totals["entropy"] += float((token_entropy.detach() * m).sum())
+            totals["is_w"] += float((weight * m).sum())
+            totals["is_cap"] += float((capped * m).sum())
         done = {"skipped_micro_batches": float(skipped), "forwarded_tokens": ran_tokens}
         optimization = self._optimization()
         if not forwarded:  # no gradient at all: AdamW would still move the weights (momentum, decay)
@@ -314,6 +346,8 @@ class EmbeddedBackend(FactoryDefaults):
             "actor/ppo_kl": totals["ppo_kl"] / per_token,
             "actor/kl": totals["kl"] / per_token,
             "actor/entropy": totals["entropy"] / per_token,
+            "actor/is_weight_mean": totals["is_w"] / per_token,
+            "actor/is_capped_frac": totals["is_cap"] / per_token,
             "actor/grad_norm": grad_norm,
             "actor/lr": lr,
         }

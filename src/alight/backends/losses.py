@@ -89,6 +89,29 @@ def clipped_policy_loss(
     return loss, (clipped > unclipped).float(), -log_ratio
 
 
+def decoupled_policy_loss(
+    log_probs: torch.Tensor,
+    proximal_log_probs: torch.Tensor,
+    behaviour_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    is_cap: float = 2.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decoupled PPO for off-policy rows: the clipped loss of `clipped_policy_loss` with the ratio
+    taken to the proximal policy (the weights before this update), each token weighted by the
+    truncated importance weight w = min(p_prox / p_behav, is_cap) (no gradient through w; 0: no
+    cap). Where proximal = behaviour (fresh rows) w = 1 and this is `clipped_policy_loss`.
+
+    Returns (loss [B, R], clipped [B, R], approx_kl [B, R] to the proximal policy, weight [B, R],
+    capped [B, R] as 0/1 floats: where the cap applied)."""
+    loss, clipped, approx_kl = clipped_policy_loss(log_probs, proximal_log_probs, advantages, clip_low, clip_high)
+    raw = (proximal_log_probs - behaviour_log_probs).clamp(-20.0, 20.0).exp().detach()
+    weight = raw.clamp(max=is_cap) if is_cap > 0 else raw
+    capped = (raw > is_cap).float() if is_cap > 0 else raw.new_zeros(raw.shape)
+    return loss * weight, clipped, approx_kl, weight, capped
+
+
 def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str = "low_var_kl") -> torch.Tensor:
     """[B, R] per-token estimate of KL(policy || reference) from sampled tokens' log-probs.
 

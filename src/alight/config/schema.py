@@ -185,6 +185,10 @@ class AlgorithmConfig:
     warmup_steps: int = 0  # linear learning-rate warm-up over this many optimizer steps
     clip_ratio_low: float = 0.2  # the ratio is clipped to [1 - low, 1 + high]
     clip_ratio_high: float = 0.2  # raise it (e.g. 0.28, as DAPO) to let rare good tokens grow faster
+    # Off-policy rows (trainer.mode=async): the ratio is taken to the proximal policy (the weights
+    # before this update) and each token weighted by proximal / behaviour probability, truncated at
+    # this cap (decoupled PPO with truncated importance sampling); 0: no cap
+    is_cap: float = 2.0
     kl_coef: float = 0.0  # weight of the KL penalty to the frozen reference policy; 0: no reference kept
     kl_estimator: str = "low_var_kl"  # kl (k1) | abs | mse (k2) | low_var_kl (k3)
     entropy_coef: float = 0.0  # weight of an entropy bonus
@@ -244,6 +248,13 @@ class TrainerConfig:
     # the usable cores on CPU, 1 with a GPU; idle threads sleep) | torch (PyTorch's defaults) | a number
     torch_threads: str = "auto"
     torch_interop_threads: str = "auto"  # PyTorch inter-op threads: auto (1; alight forks no torch work) | torch | N
+    # sync: each step enqueues its rollouts, waits for them, then updates (runners idle meanwhile) |
+    # async: runners are fed continuously and the update runs while the next rollouts do
+    mode: str = "sync"
+    # async: the most weight versions a trained group's oldest LLM call may lag the weights being
+    # updated; no more work is enqueued than this allows (0: the synchronous algorithm)
+    max_staleness: int = 1
+    on_stale: str = "drop"  # async: a group over the bound is dropped | requeue (its tasks run again)
 
 
 @dataclass

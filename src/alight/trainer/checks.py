@@ -11,6 +11,8 @@ from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError
 
 ALGORITHMS = ("grpo", "ppo", "sft", "apo")
+MODES = ("sync", "async")
+ON_STALE = ("drop", "requeue")
 
 
 def validate(cfg: ExperimentConfig) -> None:
@@ -67,10 +69,18 @@ def check_trainer(cfg: ExperimentConfig) -> None:
         "keep_checkpoints": t.keep_checkpoints >= 1,
         "step_timeout_s": t.step_timeout_s > 0,
         "min_batch_fraction": 0 < t.min_batch_fraction <= 1,
+        "max_staleness": t.max_staleness >= 0,
     }
     bad = [name for name, ok in checks.items() if not ok]
     if bad:
         raise ConfigError(f"trainer.{bad[0]} is out of range: {getattr(t, bad[0])!r}")
+    for name, allowed in (("mode", MODES), ("on_stale", ON_STALE)):
+        if getattr(t, name) not in allowed:
+            raise ConfigError(f"trainer.{name} must be one of {', '.join(allowed)}, got {getattr(t, name)!r}")
+    if t.mode == "async" and cfg.algorithm.name == "apo":
+        raise ConfigError("trainer.mode=async trains weights; algorithm.name=apo searches prompts (use mode=sync)")
+    if t.mode == "async" and cfg.data.from_store is not None:
+        raise ConfigError("trainer.mode=async runs rollouts; data.from_store trains on stored ones (use mode=sync)")
     for name in ("n_gpus_per_node", "nnodes"):
         if getattr(t, name) < 1:
             raise ConfigError(f"trainer.{name} is out of range: {getattr(t, name)!r}")
