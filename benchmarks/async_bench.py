@@ -3,7 +3,8 @@ answers like a remote API (each tool call takes --latency seconds, default 0.5).
 
 Runs `configs/calc.yaml` for real twice in one process, the same seed and data (store, proxy +
 embedded engine, runner processes, LightningRL, embedded backend): `trainer.mode=sync`, then
-`trainer.mode=async` with `trainer.max_staleness=--staleness`. Reports for each mode:
+`trainer.mode=async` with `trainer.max_staleness=--staleness`, from the same warm-started weights
+(the first run's warm start). Reports for each mode:
 
   steps_per_min        RL steps per minute, from the end of step 1 to the end of the last step
                        (the first step pays for runner start-up; validation is left out: it runs
@@ -53,7 +54,9 @@ class Steps:
             print(f"{self.mode}: warm start done ({total} steps, loss {info.get('loss')})", file=sys.stderr)
 
 
-def run(mode: str, args: Any, tmp: str) -> dict[str, float]:
+def run(mode: str, args: Any, tmp: str, warm: Path | None) -> tuple[dict[str, float], Path]:
+    """One run of `mode`; from `warm` (a warm-started checkpoint) when given, else with the
+    config's warm start. Returns its figures and its step-0 checkpoint."""
     overrides = [
         "agent.entrypoint=benchmarks/async_agent.py:solve",
         f"trainer.steps={args.steps}",
@@ -64,6 +67,7 @@ def run(mode: str, args: Any, tmp: str) -> dict[str, float]:
         f"trainer.mode={mode}",
         f"trainer.max_staleness={args.staleness}",
         f"trainer.output_dir={tmp}/{mode}",
+        *([f"engine.model={warm}", "warm_start.steps=0"] if warm is not None else []),
     ]
     cfg = to_object(load_config(REPO / "configs" / "calc.yaml", overrides))
     steps = Steps(mode)
@@ -84,7 +88,7 @@ def run(mode: str, args: Any, tmp: str) -> dict[str, float]:
     if mode == "async":
         out["stale_groups"] = float(sum(r.get("async/groups", 0) - r.get("async/staleness_0", 0) for r in rows))
         out["dropped_groups"] = float(last.get("async/dropped_total", 0))
-    return out
+    return out, result.run_dir / "checkpoints" / "step_000000"
 
 
 def main() -> None:
@@ -101,9 +105,11 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     modes = [m for m in args.cases.split(",") if m]
     measured: dict[str, dict[str, float]] = {}
+    warm: Path | None = None
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in modes:
-            measured[mode] = run(mode, args, tmp)
+        for mode in modes:  # the first run warm-starts; the others start from its warm start
+            measured[mode], start = run(mode, args, tmp, warm)
+            warm = warm or start
     results = [
         {"case": mode, "metric": metric, "value": round(value, 3)}
         for mode, values in measured.items()
