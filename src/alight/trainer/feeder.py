@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from alight import semconv
 from alight.errors import TrainingError
-from alight.types import Rollout, RolloutStatus
+from alight.types import Rollout, RolloutMode, RolloutStatus
 
 if TYPE_CHECKING:
     from alight.trainer.rollouts import StepRollouts
@@ -209,30 +209,27 @@ class Feeder:
         return {"outstanding_groups": len(self.outstanding)}
 
     # -- resuming and ending -----------------------------------------------------------------------
-    async def resume(self) -> None:
+    async def resume(self, since: float) -> None:
         """After a restart: the groups a killed run had enqueued after its checkpoint are reused
-        when their batch comes again; rollouts that had not ended (in flight when it died) are
-        cancelled and their group requeued or dropped (as `on_stale`), counted under resume_*."""
+        when their batch comes again (not enqueued twice). Attempts that were in flight when it
+        died are requeued by the store (crash recovery, or their heartbeat timeout): counted under
+        `resume_in_flight` (attempts claimed before `since`, this run's start by time.time(), and
+        not ended before it); their reruns serve from the resumed weights."""
         found: dict[str, list[str]] = {}
-        for rollout in await self.rollouts.store.list_rollouts(mode=None):
+        for rollout in await self.rollouts.store.list_rollouts(mode=RolloutMode.TRAIN):
             gid = rollout.metadata.get("group")
             if rollout.metadata.get("split") == "train" and isinstance(gid, str):
                 found.setdefault(gid, []).append(rollout.rollout_id)
         live = set(self.outstanding) | {g.gid for g in self.retry}
         self.reusable = {gid: ids for gid, ids in found.items() if gid not in live and self._later(gid)}
-        ended = {r.rollout_id for r in await self._ended([i for ids in found.values() for i in ids])}
-        for gid, group in list(self.outstanding.items()):
-            unfinished = [i for i in group.ids if i not in ended]
-            if unfinished:
-                await self._cancel(unfinished)
-                del self.outstanding[gid]
-                self.counts["resume_in_flight"] += len(unfinished)
-                await self._stale(group)
-        for gid, ids in list(self.reusable.items()):
-            if any(i not in ended for i in ids):  # its batch will enqueue it afresh
-                await self._cancel([i for i in ids if i not in ended])
-                self.counts["resume_in_flight"] += sum(1 for i in ids if i not in ended)
-                del self.reusable[gid]
+        ids = [i for g in self.outstanding.values() for i in g.ids] + [i for v in self.reusable.values() for i in v]
+        lost = 0
+        for rollout_id in ids:  # attempts claimed before this run began and not ended then
+            attempts = await self.rollouts.store.list_attempts(rollout_id)
+            lost += any(a.claimed_at < since and (a.ended_at is None or a.ended_at >= since) for a in attempts)
+        self.counts["resume_in_flight"] += lost
+        if lost:
+            logger.info("resume: %d rollouts were in flight; the store runs them again", lost)
 
     def _later(self, gid: str) -> bool:
         """Whether `gid` belongs to a batch drawn after the checkpoint (not a requeue)."""

@@ -48,9 +48,10 @@ class StepRollouts:
         self.events = events
         self.reusable: dict[tuple[str, int], list[str]] = {}  # (split, step) -> a killed run's rollouts
 
-    async def resume_after(self, step: int) -> None:
-        """Reuse, not enqueue again, the rollouts a killed run had enqueued for steps after `step`."""
-        self.reusable = await self.enqueued_after(step)
+    async def resume_after(self, step: int, splits: Sequence[str] = tuple(MODES)) -> None:
+        """Reuse, not enqueue again, the rollouts a killed run had enqueued for steps after `step`
+        (of these splits)."""
+        self.reusable = await self.enqueued_after(step, splits)
 
     async def collect(
         self, step: int, split: str, *batch: Any, stage: str | None = None, **options: Any
@@ -68,10 +69,12 @@ class StepRollouts:
         finally:
             self.set_sampling(ids, None)
 
-    async def enqueued_after(self, step: int) -> dict[tuple[str, int], list[str]]:
+    async def enqueued_after(self, step: int, splits: Sequence[str] = tuple(MODES)) -> dict[tuple[str, int], list[str]]:
         """Rollouts a killed run had enqueued for steps after `step`, by (split, step), to reuse."""
         found: dict[tuple[str, int], list[str]] = {}
         for split, mode in MODES.items():
+            if split not in splits:
+                continue
             for rollout in await self.store.list_rollouts(mode=mode):
                 at = rollout.metadata.get("step")
                 if isinstance(at, int) and at > step and rollout.metadata.get("split") == split:

@@ -10,8 +10,9 @@ them with decoupled PPO and a truncated importance weight (`algorithm.is_cap`).
 `max_staleness: 0` is the synchronous algorithm: one batch outstanding at a time, every row fresh.
 
 Resuming: the checkpoint holds the feeder's state (batches drawn, groups outstanding, totals);
-groups enqueued after it are reused when their batch comes again; rollouts that were in flight are
-cancelled and their group requeued or dropped (`trainer.on_stale`), counted (`async/resume_in_flight`).
+groups enqueued after it are reused when their batch comes again (none is enqueued twice, none
+trained twice in the resumed run's lineage); attempts in flight when the run died are run again
+by the store, counted (`async/resume_in_flight`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class AsyncRLLoop:
         self.policy.total_steps = self.total_steps
         self.validator = Validator(run.val_rows, cfg.data.input_field, t)
         self.feeder: Feeder | None = None
+        self.began = time.time()  # attempts claimed before and live then were in flight when a resumed run died
 
     def run(self) -> FitResult:
         session = self.session
@@ -93,8 +95,8 @@ class AsyncRLLoop:
                 state=state,
             )
             if session.resume:
-                await rollouts.resume_after(progress.step)  # validation rollouts of later steps
-                await feeder.resume()
+                await rollouts.resume_after(progress.step, ("val",))  # the feeder finds the train groups
+                await feeder.resume(self.began)
             if progress.step == 0 and 0 not in session.logged_steps():
                 metrics: dict[str, Any] = {"step": 0, "weights_version": 0, **self.policy.warm_start_metrics}
                 if self.validator:
