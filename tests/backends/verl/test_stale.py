@@ -68,6 +68,19 @@ def test_is_cap_0_is_no_cap_and_the_verl_block_refines_the_correction() -> None:
     assert conf.algorithm.rollout_correction.rollout_is == "sequence"
 
 
+@pytest.mark.parametrize("is_cap", [2.0, 0.0])
+def test_the_async_config_passes_verls_validation(is_cap: float) -> None:
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    conf = build(is_cap=is_cap)
+    validate_config(conf, use_reference_policy=need_reference_policy(conf), use_critic=need_critic(conf))
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    corr = RolloutCorrectionConfig(**omega_conf_to_dataclass(conf.algorithm).rollout_correction)
+    assert (corr.rollout_is, corr.rollout_is_threshold, corr.bypass_mode) == ("token", is_cap or math.inf, False)
+
+
 def test_verls_bypass_mode_is_a_one_line_config_error(tiny_dir: Path, tmp_path: Path) -> None:
     from alight.backends.verl.backend import VerlBackend
 
