@@ -163,7 +163,8 @@ class VerlBackend(FactoryDefaults):
             )
         from alight.backends.verl import correction
 
-        correction.check(verl_config)
+        if cfg.trainer.mode == "async":  # stale rows come only then; sync ignores the correction as before
+            correction.check(verl_config)
         self.use_ref = bool(need_reference_policy(verl_config))
         lora = actor.model.get("lora", {}) or {}
         self.ref_in_actor = int(lora.get("rank", 0) or actor.model.get("lora_rank", 0) or 0) > 0
