@@ -75,10 +75,11 @@ class Store(abc.ABC):
 
     # -- spans ------------------------------------------------------------------------------
     @abc.abstractmethod
-    async def add_spans(self, spans: Sequence[Span]) -> int:
+    async def add_spans(self, spans: Sequence[Span], *, write_id: str | None = None) -> int:
         """Store spans of known attempts; returns how many were new. Idempotent by
         (attempt_id, span_id): writing a span twice stores it once. Spans without a
-        `sequence_id` get the next number of their attempt."""
+        `sequence_id` get the next number of their attempt. A `write_id` already seen returns
+        that write's count and writes nothing (`alight.store.write_ids`)."""
 
     @abc.abstractmethod
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:

@@ -145,20 +145,25 @@ def create_app(
     # -- spans ----------------------------------------------------------------------------
     async def add_spans(request: Request) -> bytes:
         parsed = wire.parse_body(wire.SpansBody, await body(request))
+        key = request.headers.get(IDEMPOTENCY_HEADER)  # the store keeps each part's count by it (a restart)
+
+        def write_id(part: str) -> str | None:
+            return None if key is None else f"spans {key}{part}"
+
         if parsed.groups is None:
             await scopes.check(runner(request), (span.attempt_id for span in parsed.spans))
-            return orjson.dumps({"added": await store.add_spans(parsed.spans)})
+            return orjson.dumps({"added": await store.add_spans(parsed.spans, write_id=write_id(""))})
         if sum(parsed.groups) != len(parsed.spans):
             raise InvalidRequestError(
                 f"groups add up to {sum(parsed.groups)} spans, the request has {len(parsed.spans)}"
             )
         answers: list[dict[str, Any]] = []
         total = start = 0
-        for size in parsed.groups:
+        for number, size in enumerate(parsed.groups):
             try:
                 group = parsed.spans[start : start + size]
                 await scopes.check(runner(request), (span.attempt_id for span in group))
-                added = await store.add_spans(group)
+                added = await store.add_spans(group, write_id=write_id(f" #{number}"))
             except AlightError as err:
                 answers.append({"error": {"code": err.code, "message": one_line(str(err))}})
             else:

@@ -5,8 +5,9 @@ answer was lost) names it with a write id. The store records the id with the wri
 same transaction as the write, so a retry with the same id, before or after a crash and restart,
 gets the first answer back and changes nothing. Writes that are idempotent by their own ids
 (enqueue by rollout id, dequeue by attempt id, start, heartbeat, a finish repeated with the same
-status, spans by attempt and span id) need none; publishing resources (each call makes a new
-version) and reaping (each call may time out other attempts) do.
+status) need none; publishing resources (each call makes a new version) and reaping (each call may
+time out other attempts) do, and so do span writes: spans are stored once by attempt and span id,
+but the answer (how many were new) must be the first one's, also after a restart.
 
 The record is bounded: ids older than `retention_s` (default 24 hours) are dropped, and beyond
 `max_ids` (default 100,000) the oldest go first. A retry comes within seconds of its first try
