@@ -27,7 +27,7 @@ from alight.serving.auth import RUNNER_HEADER, check_bind
 from alight.serving.background import BackgroundServer
 from alight.serving.openapi import Operation
 from alight.store import wire
-from alight.store.base import ALL_ATTEMPTS, Store
+from alight.store.base import Store
 from alight.store.columns import MEDIA_TYPE as COLUMNS_MEDIA_TYPE
 from alight.store.columns import encode_columns, gc_paused
 from alight.store.otlp import receive_traces  # opentelemetry-proto loads on the first request
@@ -173,10 +173,8 @@ def create_app(
         return orjson.dumps({"added": total, "groups": answers})
 
     async def query_spans(request: Request) -> bytes:
-        attempt_id = request.query_params.get("attempt_id")
-        spans = await store.query_spans(
-            request.path_params["rollout_id"], ALL_ATTEMPTS if attempt_id == ALL_ATTEMPTS else attempt_id
-        )
+        # An attempt id, "all" or "latest" (`alight.store.base.chosen_attempts`); none: every attempt.
+        spans = await store.query_spans(request.path_params["rollout_id"], request.query_params.get("attempt_id"))
         return wire.SPANS.dump_json(spans)
 
     # -- bulk reads: the trainer's, one request for a whole step -------------------------
