@@ -128,7 +128,9 @@ def runner(
     command: Annotated[
         str | None, typer.Option(help="Or a program to run per attempt (any language), e.g. 'node agent.js'.")
     ] = None,
-    name: Annotated[str | None, typer.Option(help="With --command: the agent's name on its spans.")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="The agent's name on its spans (default: its function, class or program).")
+    ] = None,
     n_runners: Annotated[int, typer.Option("--n-runners", "-n", min=1, help="Runners (processes or Ray actors).")] = 4,
     tracer: Annotated[str, typer.Option(help="light or otel.")] = "light",
     drain_timeout: Annotated[
