@@ -40,6 +40,15 @@ def store(
     ] = 1.0,
     token: _Token = None,
     insecure: _Insecure = False,
+    max_wait: Annotated[
+        float, typer.Option(help="Seconds POST /store/wait holds a request at most (a longer timeout is cut to it).")
+    ] = 300.0,
+    write_id_retention: Annotated[
+        float, typer.Option(help="Seconds a retried write's id is remembered (its retry is answered, not applied).")
+    ] = 86400.0,
+    max_write_ids: Annotated[
+        int, typer.Option(help="Write ids remembered at most; beyond it the oldest are forgotten first.")
+    ] = 100_000,
 ) -> None:
     """Run a standalone store server, for runners on other machines."""
     from alight.trainer.serve import serve_store
@@ -58,6 +67,9 @@ def store(
         on_ready=ready,
         token=token or None,
         insecure=insecure,
+        max_wait_s=max_wait,
+        write_id_retention_s=write_id_retention,
+        max_write_ids=max_write_ids,
     )
 
 

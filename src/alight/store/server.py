@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -44,6 +45,13 @@ def _error_body(status: int, code: str | None, message: str) -> bytes:
     return wire.error_body(code or (StoreError.code if status >= 500 else "http_error"), message)
 
 
+def check_max_wait(max_wait_s: float) -> float:
+    """`max_wait_s` if it is a usable hold for `/store/wait` (finite, > 0), else a one-line ConfigError."""
+    if not math.isfinite(max_wait_s) or max_wait_s <= 0:
+        raise ConfigError(f"the store's max wait must be a finite number of seconds > 0, got {max_wait_s}")
+    return max_wait_s
+
+
 # -- the app ----------------------------------------------------------------------------------
 
 
@@ -60,6 +68,7 @@ def create_app(
     `max_wait_s` seconds, and not past its client's disconnect. The app does not close the store.
     With `token`, every route but /health needs it (`alight.serving.auth`); runner scopes and
     secret redaction: `alight.store.scopes`."""
+    check_max_wait(max_wait_s)
 
     @contextlib.asynccontextmanager
     async def watchdog() -> AsyncIterator[None]:
@@ -369,6 +378,7 @@ def serve(
     on_ready: Callable[[str], None] | None = None,
     token: str | None = None,
     insecure: bool = False,
+    max_wait_s: float = wire.MAX_WAIT_S,
 ) -> None:
     """Serve `store` until Ctrl-C or SIGTERM, then shut down gracefully and close the store.
     `on_ready` is called with the server's URL once it answers (ConfigError before that if the
@@ -382,6 +392,7 @@ def serve(
             watchdog_interval_s=watchdog_interval_s,
             token=token,
             insecure=insecure,
+            max_wait_s=max_wait_s,
         )
         server.serve_until_interrupted(on_ready)
     except ConfigError:  # never served (no token, the port is taken): the store is still ours to close

@@ -16,6 +16,7 @@ The record is bounded: ids older than `retention_s` (default 24 hours) are dropp
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from alight.errors import InvalidRequestError
+from alight.errors import ConfigError, InvalidRequestError
 from alight.types import Attempt
 
 if TYPE_CHECKING:
@@ -43,6 +44,12 @@ class WriteIdLimits:
 
     retention_s: float = DEFAULT_RETENTION_S  # seconds a write id is remembered
     max_ids: int = DEFAULT_MAX_IDS  # write ids remembered at most, the oldest dropped first
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.retention_s) or self.retention_s <= 0:
+            raise ConfigError(f"write-id retention must be a finite number of seconds > 0, got {self.retention_s}")
+        if isinstance(self.max_ids, bool) or not isinstance(self.max_ids, int) or self.max_ids < 1:
+            raise ConfigError(f"max write ids must be a whole number >= 1, got {self.max_ids!r}")
 
 
 def attempts_json(attempts: list[Attempt]) -> str:

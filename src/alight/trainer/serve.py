@@ -31,17 +31,32 @@ def serve_store(
     on_ready: Callable[[str], None] | None = None,
     token: str | None = None,
     insecure: bool = False,
+    max_wait_s: float | None = None,
+    write_id_retention_s: float | None = None,
+    max_write_ids: int | None = None,
 ) -> None:
     """Serve a store until Ctrl-C or SIGTERM: the SQLite file `db` (durable), or without it a
-    store in memory. ConfigError for a taken port or an unusable `db`, or for a bind beyond
-    loopback with neither `token` nor `insecure`, before serving."""
+    store in memory. `max_wait_s` (default 300) caps how long `/store/wait` holds a request;
+    `write_id_retention_s` and `max_write_ids` bound the write ids the store keeps (defaults:
+    `alight.store.write_ids.WriteIdLimits`). ConfigError
+    for a taken port or an unusable `db`, a bad limit, or for a bind beyond loopback with neither
+    `token` nor `insecure`, before serving."""
     from alight.serving.app import DEFAULT_MAX_BODY_BYTES
     from alight.store.factory import StoreSpec, open_store
-    from alight.store.server import serve
+    from alight.store.server import check_max_wait, serve
+    from alight.store.wire import MAX_WAIT_S
+    from alight.store.write_ids import WriteIdLimits
 
     if not insecure:  # refuse before a SQLite file is made (the server warns about --insecure)
         check_bind(host, token, what="store server")
-    store = open_store(StoreSpec("sqlite", path=db) if db is not None else StoreSpec("memory"))
+    max_wait_s = check_max_wait(MAX_WAIT_S if max_wait_s is None else max_wait_s)
+    defaults = WriteIdLimits()
+    limits = WriteIdLimits(
+        retention_s=defaults.retention_s if write_id_retention_s is None else write_id_retention_s,
+        max_ids=defaults.max_ids if max_write_ids is None else max_write_ids,
+    )
+    spec = StoreSpec("sqlite", path=db) if db is not None else StoreSpec("memory")
+    store = open_store(spec, write_id_limits=limits)
     serve(
         store,
         host=host,
@@ -51,6 +66,7 @@ def serve_store(
         on_ready=on_ready,
         token=token,
         insecure=insecure,
+        max_wait_s=max_wait_s,
     )
 
 
