@@ -38,8 +38,6 @@ def store(
     watchdog_interval: Annotated[
         float, typer.Option(min=0.05, help="Seconds between checks for attempts that missed their heartbeat.")
     ] = 1.0,
-    token: _Token = None,
-    insecure: _Insecure = False,
     max_wait: Annotated[
         float, typer.Option(help="Seconds POST /store/wait holds a request at most (a longer timeout is cut to it).")
     ] = 300.0,
@@ -49,6 +47,8 @@ def store(
     max_write_ids: Annotated[
         int, typer.Option(help="Write ids remembered at most; beyond it the oldest are forgotten first.")
     ] = 100_000,
+    token: _Token = None,
+    insecure: _Insecure = False,
 ) -> None:
     """Run a standalone store server, for runners on other machines."""
     from alight.trainer.serve import serve_store
@@ -65,11 +65,11 @@ def store(
         max_body_bytes=int(max_body_mb * 2**20),
         watchdog_interval_s=watchdog_interval,
         on_ready=ready,
-        token=token or None,
-        insecure=insecure,
         max_wait_s=max_wait,
         write_id_retention_s=write_id_retention,
         max_write_ids=max_write_ids,
+        token=token or None,
+        insecure=insecure,
     )
 
 

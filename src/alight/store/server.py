@@ -28,7 +28,7 @@ from alight.serving.auth import RUNNER_HEADER, check_bind
 from alight.serving.background import BackgroundServer
 from alight.serving.openapi import Operation
 from alight.store import wire
-from alight.store.base import Store
+from alight.store.base import ALL_ATTEMPTS, Store
 from alight.store.columns import MEDIA_TYPE as COLUMNS_MEDIA_TYPE
 from alight.store.columns import encode_columns, gc_paused
 from alight.store.otlp import receive_traces  # opentelemetry-proto loads on the first request
@@ -68,7 +68,6 @@ def create_app(
     `max_wait_s` seconds, and not past its client's disconnect. The app does not close the store.
     With `token`, every route but /health needs it (`alight.serving.auth`); runner scopes and
     secret redaction: `alight.store.scopes`."""
-    check_max_wait(max_wait_s)
 
     @contextlib.asynccontextmanager
     async def watchdog() -> AsyncIterator[None]:
@@ -182,8 +181,10 @@ def create_app(
         return orjson.dumps({"added": total, "groups": answers})
 
     async def query_spans(request: Request) -> bytes:
-        # An attempt id, "all" or "latest" (`alight.store.base.chosen_attempts`); none: every attempt.
-        spans = await store.query_spans(request.path_params["rollout_id"], request.query_params.get("attempt_id"))
+        attempt_id = request.query_params.get("attempt_id")
+        spans = await store.query_spans(
+            request.path_params["rollout_id"], ALL_ATTEMPTS if attempt_id == ALL_ATTEMPTS else attempt_id
+        )
         return wire.SPANS.dump_json(spans)
 
     # -- bulk reads: the trainer's, one request for a whole step -------------------------
@@ -234,6 +235,8 @@ def create_app(
 
     async def counts(request: Request) -> bytes:
         return orjson.dumps({status.value: n for status, n in (await store.count_by_status()).items()})
+
+    check_max_wait(max_wait_s)
 
     async def wait(request: Request) -> bytes:
         parsed = wire.parse_body(wire.WaitBody, await body(request))
@@ -376,9 +379,9 @@ def serve(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     watchdog_interval_s: float | None = 1.0,
     on_ready: Callable[[str], None] | None = None,
+    max_wait_s: float = wire.MAX_WAIT_S,
     token: str | None = None,
     insecure: bool = False,
-    max_wait_s: float = wire.MAX_WAIT_S,
 ) -> None:
     """Serve `store` until Ctrl-C or SIGTERM, then shut down gracefully and close the store.
     `on_ready` is called with the server's URL once it answers (ConfigError before that if the
@@ -390,9 +393,9 @@ def serve(
             port=port,
             max_body_bytes=max_body_bytes,
             watchdog_interval_s=watchdog_interval_s,
+            max_wait_s=max_wait_s,
             token=token,
             insecure=insecure,
-            max_wait_s=max_wait_s,
         )
         server.serve_until_interrupted(on_ready)
     except ConfigError:  # never served (no token, the port is taken): the store is still ours to close

@@ -29,18 +29,15 @@ def serve_store(
     max_body_bytes: int | None = None,
     watchdog_interval_s: float | None = 1.0,
     on_ready: Callable[[str], None] | None = None,
+    max_wait_s: float | None = None,  # how long /store/wait holds a request (default 300 s)
+    write_id_retention_s: float | None = None,  # the write ids the store keeps (default: WriteIdLimits)
+    max_write_ids: int | None = None,
     token: str | None = None,
     insecure: bool = False,
-    max_wait_s: float | None = None,
-    write_id_retention_s: float | None = None,
-    max_write_ids: int | None = None,
 ) -> None:
     """Serve a store until Ctrl-C or SIGTERM: the SQLite file `db` (durable), or without it a
-    store in memory. `max_wait_s` (default 300) caps how long `/store/wait` holds a request;
-    `write_id_retention_s` and `max_write_ids` bound the write ids the store keeps (defaults:
-    `alight.store.write_ids.WriteIdLimits`). ConfigError
-    for a taken port or an unusable `db`, a bad limit, or for a bind beyond loopback with neither
-    `token` nor `insecure`, before serving."""
+    store in memory. ConfigError for a taken port or an unusable `db`, or for a bind beyond
+    loopback with neither `token` nor `insecure`, before serving."""
     from alight.serving.app import DEFAULT_MAX_BODY_BYTES
     from alight.store.factory import StoreSpec, open_store
     from alight.store.server import check_max_wait, serve
@@ -64,9 +61,9 @@ def serve_store(
         max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES,
         watchdog_interval_s=watchdog_interval_s,
         on_ready=on_ready,
+        max_wait_s=max_wait_s,
         token=token,
         insecure=insecure,
-        max_wait_s=max_wait_s,
     )
 
 
