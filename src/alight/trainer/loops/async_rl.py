@@ -83,7 +83,9 @@ class AsyncRLLoop:
         store = stack.trainer_store()
         try:
             rollouts = StepRollouts(store, stack, cfg, session.events)
-            sampler = TaskSampler(len(self.train_rows), t.batch_size, t.seed, progress.position)
+            # each batch drew batch_size rows: the feeder's state says where the sampler stands
+            position = int(state["batches"]) * t.batch_size if state else progress.position
+            sampler = TaskSampler(len(self.train_rows), t.batch_size, t.seed, position)
             feeder = self.feeder = Feeder(
                 rollouts,
                 self.train_rows,
@@ -113,7 +115,6 @@ class AsyncRLLoop:
                     metrics.update(await self.validator.unless_stopped(rollouts, step, session.stopping))
                 session.record(metrics)
                 if schedule.saves(step) or session.stopping():
-                    progress.extra[STATE_KEY] = feeder.state()
                     self.policy.save()
             await feeder.close()
         finally:
@@ -183,8 +184,9 @@ class AsyncRLLoop:
         if stats is not None:
             metrics["adapter/truncated"] = stats.prompts_truncated + stats.responses_truncated
         metrics["timing/step_s"] = time.monotonic() - started
-        progress = self.session.progress
+        progress = self.session.progress  # moved together: any checkpoint from here on resumes here
         progress.step, progress.position = step, feeder.sampler.position
+        progress.extra[STATE_KEY] = feeder.state()
         return metrics
 
     def _staleness(self, groups: list[Group], feeder: Feeder, before: dict[str, int]) -> dict[str, Any]:
