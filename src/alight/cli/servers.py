@@ -40,6 +40,9 @@ def store(
     ] = 1.0,
     token: _Token = None,
     insecure: _Insecure = False,
+    agent_spans: Annotated[
+        bool, typer.Option(help="With a token: agents may post their own attempt's spans (rewards) with their key.")
+    ] = False,
 ) -> None:
     """Run a standalone store server, for runners on other machines."""
     from alight.trainer.serve import serve_store
@@ -58,6 +61,7 @@ def store(
         on_ready=ready,
         token=token or None,
         insecure=insecure,
+        agent_spans=agent_spans,
     )
 
 

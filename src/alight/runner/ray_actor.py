@@ -94,7 +94,7 @@ class RunnerActor:
             agent = spec.agent if isinstance(spec.agent, LitAgent) else load_agent(spec.agent)
             self.runner = Runner(
                 agent,
-                StoreClient(spec.store_url, token=spec.token, runner_id=spec.worker_id),
+                StoreClient(spec.store_url, token=spec.token or "", runner_id=spec.worker_id),
                 tracer=make_tracer(spec.tracer),  # type: ignore[arg-type]
                 worker_id=spec.worker_id,
                 poll_interval_s=spec.poll_interval_s,
@@ -102,7 +102,6 @@ class RunnerActor:
                 heartbeat_interval_s=spec.heartbeat_interval_s,
                 watcher=self.log,
                 instrument=spec.instrument,
-                llm_api_key=spec.token,
             )
         except AlightError as err:
             return str(err)

@@ -152,6 +152,7 @@ class LocalStack:
                     port=self.cfg.store.port,
                     token=self.token,
                     advertise_url=store_advertise,
+                    agent_spans=self.cfg.runner.agent_spans,
                 ).start()
                 self.store_url = self._store_server.local_url
                 store_advertise = self._store_server.url
@@ -159,9 +160,10 @@ class LocalStack:
             self.store_advertise_url = store_advertise or self.store_url
             assert self.store_advertise_url is not None
             logger.info("store at %s", self.store_advertise_url)
+            proxy_store = StoreClient(self.store_url, token=self.token)
             proxy = Proxy(
                 engine,
-                StoreClient(self.store_url, token=self.token),
+                proxy_store,
                 version=self.weights_version,
                 default_sampling=self.sampling_parameters(),
             )
@@ -171,6 +173,7 @@ class LocalStack:
                 port=self.cfg.proxy.port,
                 token=self.token,
                 advertise_url=self.cfg.proxy.advertise_url,
+                resolve=proxy_store.check_credential if self.token is not None else None,  # agent keys
             ).start()
             logger.info("LLM proxy at %s (engine %s, model %s)", self.proxy_server.url, kind, self.model)
             asyncio.run(self._publish())
