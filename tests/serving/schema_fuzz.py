@@ -199,12 +199,15 @@ class Report:
         return sum(n for status, n in self.statuses.items() if status >= 500)
 
 
-def fuzz(base_url: str, known_ids: list[str], *, max_examples: int) -> Report:
+def fuzz(base_url: str, known_ids: list[str], *, max_examples: int, credentials: list[str] | None = None) -> Report:
     """Send `max_examples` generated requests (derandomized: the same ones every run) to the
-    server at `base_url`, every operation of its `/openapi.json`."""
+    server at `base_url`, every operation of its `/openapi.json`, each with one of `credentials`
+    as its bearer (none: no Authorization header; the document is read with the first)."""
+    keys: list[str | None] = list(credentials) if credentials else [None]
     report = Report()
     with httpx.Client(base_url=base_url, timeout=60) as client:
-        document = client.get("/openapi.json").raise_for_status().json()
+        auth = {"Authorization": f"Bearer {keys[0]}"} if keys[0] else {}
+        document = client.get("/openapi.json", headers=auth).raise_for_status().json()
 
         @settings(
             max_examples=max_examples,
@@ -213,9 +216,11 @@ def fuzz(base_url: str, known_ids: list[str], *, max_examples: int) -> Report:
             derandomize=True,
             suppress_health_check=list(HealthCheck),
         )
-        @given(calls(document, known_ids))
-        def send(call: Call) -> None:
+        @given(calls(document, known_ids), st.sampled_from(keys))
+        def send(call: Call, key: str | None) -> None:
             headers = {"content-type": "application/json"} if call.body is not None else {}
+            if key is not None:
+                headers["Authorization"] = f"Bearer {key}"
             answer = client.request(
                 call.method, call.path, params=call.query or None, content=call.body, headers=headers
             )
