@@ -4,7 +4,9 @@ Real store server, real proxy (its engine scripted: no model runs here), real cl
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -297,3 +299,34 @@ def test_without_a_token_runners_need_no_credential_and_claims_carry_no_key() ->
         )
         claim = httpx.post(f"{server.url}/store/dequeue", json={}, headers={"X-Alight-Runner": "r"}).json()
         assert claim["attempt"]["worker_id"] == "r" and claim["agent_key"] is None
+
+
+@pytest.mark.anyio
+async def test_an_agent_key_ends_with_a_reaped_attempt_at_once_and_with_one_ended_elsewhere_soon(
+    server: StoreServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from alight.store import scopes
+
+    monkeypatch.setattr(scopes, "AGENT_RECHECK_S", 0.3)
+    async with StoreClient(server.url, token=TOKEN) as admin:
+        runner_key = await admin.register_runner("r")
+        async with StoreClient(server.url, token=runner_key) as runner:
+            # Timed out by a reap the server runs: refused at once.
+            await admin.enqueue([Rollout(task=Task(input=1))])
+            reaped = await runner.dequeue()
+            assert reaped is not None and reaped.agent_key
+            await runner.start_attempt(reaped.attempt.attempt_id)
+            assert await admin.check_credential(reaped.agent_key) is not None
+            done = await admin.reap_timed_out(time.time() + 3600)
+            assert [a.attempt_id for a in done] == [reaped.attempt.attempt_id]
+            assert await admin.check_credential(reaped.agent_key) is None
+            # Ended behind the server's back (on its store directly): refused once the last check is old.
+            await admin.enqueue([Rollout(task=Task(input=2))])
+            elsewhere = await runner.dequeue()
+            assert elsewhere is not None and elsewhere.agent_key
+            await runner.start_attempt(elsewhere.attempt.attempt_id)
+            assert await admin.check_credential(elsewhere.agent_key) is not None
+            other = elsewhere.attempt.attempt_id
+            server.run(server.store.finish_attempt(other, AttemptStatus.FAILED, error="ended elsewhere"), 10)
+            await asyncio.sleep(0.4)
+            assert await admin.check_credential(elsewhere.agent_key) is None

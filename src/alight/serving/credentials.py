@@ -103,6 +103,12 @@ class Credentials:
             self._agent_key_of.pop(oldest.attempt_id or "", None)
         return secret
 
+    def revoke_rollout(self, rollout_id: str) -> None:
+        """Forget the agent keys of every attempt of `rollout_id` (it ended: finished or cancelled)."""
+        ended = [a for a, key in self._agent_key_of.items() if self._agents[key].rollout_id == rollout_id]
+        for attempt_id in ended:
+            self.revoke(attempt_id)
+
     def revoke(self, attempt_id: str) -> None:
         """Forget the agent key of `attempt_id` (it ended)."""
         key = self._agent_key_of.pop(attempt_id, None)

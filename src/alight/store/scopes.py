@@ -14,6 +14,7 @@ credential have their secrets (`LLMResource.api_key`) removed.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
@@ -30,6 +31,9 @@ from alight.store.base import Store
 from alight.types import Claim, LLMResource, ResourceSet, Span
 
 _REMEMBERED_OWNERS = 65536
+#: How long an agent key's attempt, once read as running, is trusted to run without another store
+#: read (seconds); the ends the server itself sees revoke the key at once.
+AGENT_RECHECK_S = 2.0
 _Set = TypeVar("_Set", ResourceSet, ResourceSet | None)
 _T = TypeVar("_T")
 
@@ -61,14 +65,18 @@ class RunnerScopes:
         self._size = size
         self._owners: OrderedDict[str, str | None] = OrderedDict()
 
+    def remember(self, attempt_id: str, owner: str | None) -> None:
+        """Record the runner that just claimed `attempt_id` (saves the store read of `owner`)."""
+        self._owners[attempt_id] = owner
+        if len(self._owners) > self._size:
+            self._owners.popitem(last=False)
+
     async def owner(self, attempt_id: str) -> str | None:
         """The runner that claimed `attempt_id` (NotFoundError for an unknown attempt)."""
         if attempt_id in self._owners:
             return self._owners[attempt_id]
         owner = (await self._store.get_attempt(attempt_id)).worker_id
-        self._owners[attempt_id] = owner
-        if len(self._owners) > self._size:
-            self._owners.popitem(last=False)
+        self.remember(attempt_id, owner)
         return owner
 
     async def check(self, runner: str | None, attempt_ids: Iterable[str]) -> None:
@@ -94,20 +102,31 @@ class StoreAccess:
         self.credentials = Credentials(token) if token is not None else None
         self.agent_spans = agent_spans
         self.scopes = RunnerScopes(store)
+        self._live: OrderedDict[str, float] = OrderedDict()  # attempt id -> when the store last said it runs
 
     async def resolve(self, secret: str) -> Grant | None:
-        """What `secret` may do; an agent key of an attempt that has ended (or is unknown) is none."""
+        """What `secret` may do; an agent key of an attempt that has ended (or is unknown) is none.
+        Ends this server sees (finish, cancel, reap, its watchdog) revoke a key at once; any other
+        (a writer beside this server on its SQLite file) within `AGENT_RECHECK_S`."""
         assert self.credentials is not None
         grant = self.credentials.lookup(secret)
         if grant is None or grant.kind != "agent" or grant.attempt_id is None:
+            return grant
+        checked = self._live.get(grant.attempt_id)
+        now = time.monotonic()
+        if checked is not None and now - checked < AGENT_RECHECK_S:
             return grant
         try:
             attempt = await self.store.get_attempt(grant.attempt_id)
         except NotFoundError:
             attempt = None
         if attempt is None or attempt.status.is_terminal:
-            self.credentials.revoke(grant.attempt_id)
+            self.ended(grant.attempt_id)
             return None
+        self._live[grant.attempt_id] = now
+        self._live.move_to_end(grant.attempt_id)
+        if len(self._live) > _REMEMBERED_OWNERS:
+            self._live.popitem(last=False)
         return grant
 
     def allowing(
@@ -144,13 +163,19 @@ class StoreAccess:
         """`claim` carrying its attempt's new agent key (as it is when the server has no token)."""
         if claim is None or self.credentials is None:
             return claim
+        self.scopes.remember(claim.attempt.attempt_id, claim.attempt.worker_id)
         key = self.credentials.mint_agent(claim.rollout.rollout_id, claim.attempt.attempt_id, spans=self.agent_spans)
         return claim.model_copy(update={"agent_key": key})
 
-    def ended(self, attempt_id: str) -> None:
-        """The attempt ended: its agent key goes at once."""
-        if self.credentials is not None:
+    def ended(self, *attempt_ids: str, rollout_id: str | None = None) -> None:
+        """These attempts (or every attempt of `rollout_id`) ended: their agent keys go at once."""
+        if self.credentials is None:
+            return
+        for attempt_id in attempt_ids:
             self.credentials.revoke(attempt_id)
+            self._live.pop(attempt_id, None)
+        if rollout_id is not None:
+            self.credentials.revoke_rollout(rollout_id)
 
     async def check_attempts(self, request: Request, attempt_ids: Iterable[str]) -> None:
         """ForbiddenError unless the request may write into every one of `attempt_ids`. Unknown

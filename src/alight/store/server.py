@@ -67,7 +67,7 @@ def create_app(
     async def watchdog() -> AsyncIterator[None]:
         task = None
         if watchdog_interval_s is not None:
-            task = asyncio.create_task(_watchdog(store, watchdog_interval_s), name="alight-store-watchdog")
+            task = asyncio.create_task(_watchdog(store, watchdog_interval_s, access), name="alight-store-watchdog")
         try:
             yield
         finally:
@@ -139,6 +139,7 @@ def create_app(
     async def finish_rollout(request: Request) -> bytes:
         parsed = wire.parse_body(wire.FinishRolloutBody, await body(request))
         rollout = await store.finish_rollout(request.path_params["rollout_id"], parsed.status, reward=parsed.reward)
+        access.ended(rollout_id=rollout.rollout_id)
         return wire.ROLLOUT.dump_json(rollout)
 
     # -- spans ----------------------------------------------------------------------------
@@ -252,7 +253,9 @@ def create_app(
     async def reap(request: Request) -> bytes:
         parsed = wire.parse_body(wire.ReapBody, await body(request))
         write_id = request.headers.get(IDEMPOTENCY_HEADER)
-        return wire.ATTEMPTS.dump_json(await store.reap_timed_out(parsed.at, write_id=write_id))
+        reaped = await store.reap_timed_out(parsed.at, write_id=write_id)
+        access.ended(*(attempt.attempt_id for attempt in reaped))
+        return wire.ATTEMPTS.dump_json(reaped)
 
     async def health(request: Request) -> bytes:
         return b'{"status":"ok"}'
@@ -303,11 +306,12 @@ def create_app(
     return server.app
 
 
-async def _watchdog(store: Store, interval_s: float) -> None:
+async def _watchdog(store: Store, interval_s: float, access: StoreAccess) -> None:
     while True:
         await asyncio.sleep(interval_s)
         try:
             reaped = await store.reap_timed_out()
+            access.ended(*(attempt.attempt_id for attempt in reaped))
         except Exception:
             logger.exception("store watchdog: reap_timed_out failed; trying again in %.1f s", interval_s)
         else:
