@@ -330,3 +330,35 @@ async def test_an_agent_key_ends_with_a_reaped_attempt_at_once_and_with_one_ende
             server.run(server.store.finish_attempt(other, AttemptStatus.FAILED, error="ended elsewhere"), 10)
             await asyncio.sleep(0.4)
             assert await admin.check_credential(elsewhere.agent_key) is None
+
+
+def test_a_pool_started_with_a_runner_credential_claims_under_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`alight runner` on another machine holds a runner credential only (ALIGHT_RUNNER_CREDENTIAL):
+    its workers claim as `<name>/<worker>` and their agents get their attempts' keys."""
+    from alight.runner.pool import RunnerPool
+    from alight.types import LLMResource
+
+    monkeypatch.delenv("ALIGHT_TOKEN", raising=False)
+    with StoreServer(MemoryStore(), token=TOKEN, watchdog_interval_s=0.5) as server:
+
+        async def register_and_enqueue() -> tuple[str, list[str]]:
+            async with StoreClient(server.url, token=TOKEN) as admin:
+                await admin.add_resources({"llm": LLMResource(endpoint="http://127.0.0.1:1", model="m")})
+                rollouts = [Rollout(task=Task(input={"api_key": TOKEN})) for _ in range(2)]
+                ids = [r.rollout_id for r in await admin.enqueue(rollouts)]
+                return await admin.register_runner("host-b"), ids
+
+        credential, ids = asyncio.run(register_and_enqueue())
+        monkeypatch.setenv("ALIGHT_RUNNER_CREDENTIAL", credential)
+        agent = "tests/runner/agents.py:agent_key_check"
+        with RunnerPool(agent, server.url, n_runners=1, instrument=False) as pool:
+            assert pool.wait_for_idle(timeout_s=60)
+
+        async def ended() -> list[tuple[float | None, str | None]]:
+            async with StoreClient(server.url, token=TOKEN) as admin:
+                rollouts = [await admin.get_rollout(rollout_id) for rollout_id in ids]
+                return [(r.reward, (await admin.list_attempts(r.rollout_id))[0].worker_id) for r in rollouts]
+
+        results = asyncio.run(ended())
+        assert [reward for reward, _ in results] == [1.0, 1.0]
+        assert all(str(worker).startswith("host-b/") for _, worker in results), results
