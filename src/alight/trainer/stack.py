@@ -200,7 +200,7 @@ class LocalStack:
         agent = runner_command(runner_agent(self.cfg.agent, check=False))
         command = f"alight runner --store {self.store_advertise_url} {agent}"
         if self.token is not None:
-            command += f" (with {TOKEN_ENV} set to the run's token)"
+            command += f" (with ALIGHT_RUNNER_CREDENTIAL set to a runner credential, or {TOKEN_ENV} to the run's token)"
         if self.n_runners == 0:
             logger.warning("no runners on this machine (runner.n_runners=0): agents run once you start %s", command)
         elif not is_loopback(urlsplit(self.store_advertise_url or "").hostname or "localhost"):
