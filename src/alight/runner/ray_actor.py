@@ -15,7 +15,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from alight.runner.runner import AttemptWatcher
-from alight.runner.worker import AGENT_THREAD_ENV, WorkerSpec
+from alight.runner.worker import AGENT_THREAD_ENV, SECRET_ENV, WorkerSpec
 from alight.types import AttemptStatus, Claim
 
 if TYPE_CHECKING:
@@ -73,6 +73,8 @@ class RunnerActor:
     def __init__(self, spec: WorkerSpec) -> None:
         for name, value in AGENT_THREAD_ENV.items():  # before the agent (and its math libraries) loads
             os.environ.setdefault(name, value)
+        for name in SECRET_ENV:  # the pool's own secrets stay with the pool: agents get their attempt's key
+            os.environ.pop(name, None)
         logging.basicConfig(
             level=spec.log_level, format=f"%(asctime)s %(levelname)s [{spec.worker_id}] %(name)s: %(message)s"
         )
