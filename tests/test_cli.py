@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from alight.store.client import StoreClient
+from alight.store.wire import IDEMPOTENCY_HEADER
 from alight.types import AttemptStatus, Rollout, RolloutStatus, Span, Task
 
 ALIGHT = [sys.executable, "-m", "alight"]
@@ -184,3 +185,46 @@ def test_store_with_an_unusable_db_path_fails_in_one_line(tmp_path: Path) -> Non
     assert result.returncode == 2
     assert result.stderr.startswith("error: cannot open store")
     assert result.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [
+        ("--max-wait", "0", "the store's max wait must be a finite number of seconds > 0, got 0.0"),
+        ("--max-wait", "nan", "the store's max wait must be a finite number of seconds > 0, got nan"),
+        ("--write-id-retention", "-1", "write-id retention must be a finite number of seconds > 0, got -1.0"),
+        ("--write-id-retention", "inf", "write-id retention must be a finite number of seconds > 0, got inf"),
+        ("--max-write-ids", "0", "max write ids must be a whole number >= 1, got 0"),
+    ],
+)
+def test_store_limit_flags_refuse_bad_values_in_one_line(tmp_path: Path, flag: str, value: str, expected: str) -> None:
+    db = tmp_path / "store.db"
+    command = [*ALIGHT, "store", "--port", str(free_port()), "--db", str(db), flag, value]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr.strip()) == (2, f"error: {expected}")
+    assert not db.exists()  # refused before the store file is made
+
+
+def test_store_limit_flags_reach_the_server_and_the_store(tmp_path: Path) -> None:
+    """--max-wait cuts a long /store/wait; --max-write-ids 1 keeps only the newest write id, so an
+    older write retried after a restart is applied again (with the default, it is answered)."""
+    db = tmp_path / "store.db"
+    body = {"resources": {"llm": {"type": "llm", "endpoint": "http://127.0.0.1:9/v1", "model": "m"}}}
+
+    def publish(url: str, key: str) -> int:
+        answer = httpx.post(f"{url}/store/resources", json=body, headers={IDEMPOTENCY_HEADER: key}, timeout=10)
+        assert answer.status_code == 200, answer.text
+        return int(answer.json()["version"])
+
+    with store_server("--db", str(db), "--max-wait", "0.5", "--max-write-ids", "1") as (url, _):
+        queued = Rollout(task=Task(input=1)).model_dump(mode="json")
+        assert httpx.post(f"{url}/store/enqueue", json={"rollouts": [queued]}, timeout=10).status_code == 200
+        started = time.monotonic()
+        waited = httpx.post(
+            f"{url}/store/wait", json={"rollout_ids": [queued["rollout_id"]], "timeout": 60}, timeout=30
+        )
+        assert waited.json() == [] and time.monotonic() - started < 10
+        assert (publish(url, "rq-a"), publish(url, "rq-b")) == (1, 2)
+    with store_server("--db", str(db), "--max-write-ids", "1") as (url, _):  # the store prunes on open
+        assert publish(url, "rq-b") == 2  # the newest id is kept: answered, not applied
+        assert publish(url, "rq-a") == 3  # the older one was dropped: applied again

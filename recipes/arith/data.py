@@ -60,7 +60,9 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for split in SPLITS:
-        rows = make_problems(args.n if split == "train" else args.n // 10, args.seed, split, args.op, args.low, args.high)
+        rows = make_problems(
+            args.n if split == "train" else args.n // 10, args.seed, split, args.op, args.low, args.high
+        )
         (args.out / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 

@@ -18,6 +18,7 @@ import ast
 import json
 import operator
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -74,8 +75,9 @@ def solve_with_prompt(task: dict[str, Any], llm: alight.LLM, resources: dict[str
     return converse(task, llm, system)
 
 
-def converse(task: dict[str, Any], llm: alight.LLM, system_prompt: str) -> float:
-    """The conversation of `solve`, after `system_prompt` (none when empty)."""
+def converse(task: dict[str, Any], llm: alight.LLM, system_prompt: str, tool_latency_s: float = 0.0) -> float:
+    """The conversation of `solve`, after `system_prompt` (none when empty); each tool call takes
+    at least `tool_latency_s` seconds (an API's latency, for benchmarks/async_bench.py)."""
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key)
     messages: list[Any] = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": task["question"]})
@@ -88,6 +90,8 @@ def converse(task: dict[str, Any], llm: alight.LLM, system_prompt: str) -> float
             return score(final_answer(message.content or "", last_result), task["result"])
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
+            if tool_latency_s > 0:
+                time.sleep(tool_latency_s)
             last_result = run_tool_call(call, numbers)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": last_result})
     return 0.0

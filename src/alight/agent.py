@@ -143,6 +143,32 @@ class FunctionAgent(LitAgent):
         return self.fn(*args, **kwargs)
 
 
+class NamedEntrypoint(LitAgent):
+    """The agent at `entrypoint` (`module:name` or `path/to/file.py:name`) under the name `name`
+    (a config's `agent.name`). Only the two strings travel to pool workers and Ray actors; each
+    imports the agent on its first rollout."""
+
+    def __init__(self, entrypoint: str, name: str) -> None:
+        if not name.strip():
+            raise ConfigError(f"agent.name {name!r}: an agent's name must not be empty")
+        self.entrypoint = entrypoint
+        self.name = name
+        self._agent: LitAgent | None = None
+
+    def __repr__(self) -> str:
+        return f"NamedEntrypoint({self.entrypoint!r}, name={self.name!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"entrypoint": self.entrypoint, "name": self.name, "_agent": None}
+
+    async def run(
+        self, task: Any, resources: Mapping[str, Any], rollout: Rollout, attempt: Attempt | None = None
+    ) -> float | None:
+        if self._agent is None:
+            self._agent = load_agent(self.entrypoint)
+        return await self._agent.run(task, resources, rollout, attempt)
+
+
 def rollout(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
     """Decorator: `@alight.rollout` or `@alight.rollout(name="writer")` makes a function an agent."""
     if fn is None:

@@ -194,6 +194,40 @@ def test_rows_without_log_probs_get_the_policy_s(tiny_dir: Path) -> None:
     assert batch.old_log_probs[1, : len(given)].tolist() == given  # recorded log-probs are kept
 
 
+def test_stale_rows_train_against_the_proximal_policy_with_truncated_importance_weights(tiny_dir: Path) -> None:
+    """Async training: rows served by older weights (their recorded log-probs 0.7 below the
+    current policy's, so p_prox / p_behav = e^0.7 = 2.01) get the current policy's log-probs as
+    the proximal anchor, weight min(2.01, is_cap); fresh rows keep ratio and weight 1."""
+    b = backend(tiny_dir, is_cap=1.5)
+    rows = transitions([1.0, -1.0, 0.5, -0.5])
+    current = on_policy_logprobs(b, rows)
+    behaviour = [[v - 0.7 for v in lp] for lp in current]
+    batch = batch_of(transitions([1.0, -1.0, 0.5, -0.5], logprobs=behaviour))  # type: ignore[arg-type]
+    batch.mark_stale({"ro-0", "ro-2"})
+    assert batch.stale is not None and batch.stale.tolist() == [True, False, True, False]
+    b.fill_proximal_log_probs(batch)
+    assert batch.proximal_log_probs is not None
+    for i in range(4):
+        n = len(rows[i].response_ids)
+        expected = current[i] if i in (0, 2) else behaviour[i]  # fresh rows: proximal = behaviour
+        assert batch.proximal_log_probs[i, :n].tolist() == pytest.approx(expected, abs=1e-5)
+    fresh_tokens = sum(len(rows[i].response_ids) for i in (1, 3))
+    stale_tokens = sum(len(rows[i].response_ids) for i in (0, 2))
+    fresh_batch = batch_of(transitions([1.0, -1.0, 0.5, -0.5], logprobs=behaviour))  # type: ignore[arg-type]
+    fresh_batch.mark_stale({"ro-0", "ro-2"})
+    metrics = backend(tiny_dir, is_cap=1.5).update(fresh_batch)  # the update fills the proximal log-probs
+    # stale tokens: weight capped at 1.5 (e^0.7 > 1.5); fresh tokens: weight 1
+    expected_weight = (1.5 * stale_tokens + fresh_tokens) / (stale_tokens + fresh_tokens)
+    assert metrics["actor/is_weight_mean"] == pytest.approx(expected_weight, rel=1e-4)
+    assert metrics["actor/is_capped_frac"] == pytest.approx(stale_tokens / (stale_tokens + fresh_tokens))
+    # the same rows all fresh: the plain clipped loss against the behaviour log-probs, weight 1
+    plain = batch_of(transitions([1.0, -1.0, 0.5, -0.5], logprobs=behaviour))  # type: ignore[arg-type]
+    plain_metrics = backend(tiny_dir, is_cap=1.5).update(plain)
+    assert plain_metrics["actor/is_weight_mean"] == 1.0 and plain_metrics["actor/is_capped_frac"] == 0.0
+    assert plain_metrics["actor/pg_clipfrac"] > 0  # ratio e^0.7 to the behaviour policy is clipped
+    assert metrics["actor/pg_clipfrac"] < plain_metrics["actor/pg_clipfrac"]  # stale rows: ratio 1
+
+
 def applied_gradients(b: EmbeddedBackend) -> dict[str, torch.Tensor]:
     """Filled, at each optimizer step, with the accumulated (and clipped) gradient the optimizer applies."""
     grads: dict[str, torch.Tensor] = {}

@@ -151,3 +151,50 @@ def test_entropy() -> None:
     logits = torch.tensor([[[1.0, 2.0, 0.5]]])
     p = torch.softmax(logits / 0.5, dim=-1)
     assert losses.entropy(logits, 0.5).item() == pytest.approx(float(-(p * p.log()).sum()))
+
+
+# -- decoupled PPO with truncated importance sampling (async training's off-policy rows) ----------
+# (log p, log p_prox, log p_behav, advantage, is_cap) -> (loss, weight, capped); clip 0.2/0.2.
+# r = exp(log p - log p_prox); w = min(exp(log p_prox - log p_behav), cap); loss = w * max(-A r, -A clip(r)).
+@pytest.mark.parametrize(
+    ("lp", "prox", "behav", "adv", "cap", "loss", "weight", "capped"),
+    [
+        # on-policy (prox = behav): w = 1, the clipped loss itself: r = e^0.1 = 1.10517, unclipped
+        (0.1, 0.0, 0.0, 1.0, 2.0, -math.exp(0.1), 1.0, 0.0),
+        # w = e^0.5 = 1.64872 under the cap; r = 1: loss -A w
+        (-1.0, -1.0, -1.5, 2.0, 2.0, -2.0 * math.exp(0.5), math.exp(0.5), 0.0),
+        # w = e^1 = 2.718 truncated to the cap 2; r = e^0.3 > 1.2 with A > 0: clipped to 1.2
+        (0.3, 0.0, -1.0, 1.0, 2.0, -2.0 * 1.2, 2.0, 1.0),
+        # cap 0: no truncation, w = e^1
+        (0.0, 0.0, -1.0, -1.0, 0.0, math.exp(1.0), math.exp(1.0), 0.0),
+        # w < 1 (the behaviour policy liked the token more than the proximal one): no cap needed
+        (0.0, -1.0, 0.0, 1.0, 2.0, -math.exp(-1.0) * 1.2, math.exp(-1.0), 0.0),
+    ],
+)
+def test_decoupled_policy_loss_by_hand(
+    lp: float, prox: float, behav: float, adv: float, cap: float, loss: float, weight: float, capped: float
+) -> None:
+    t = lambda v: torch.tensor([[v]])  # noqa: E731
+    got, _, approx_kl, w, c = losses.decoupled_policy_loss(t(lp), t(prox), t(behav), t(adv), 0.2, 0.2, cap)
+    assert float(got) == pytest.approx(loss, rel=1e-5)
+    assert float(w) == pytest.approx(weight, rel=1e-5)
+    assert float(c) == capped
+    assert float(approx_kl) == pytest.approx(prox - lp)  # k1 to the proximal policy
+
+
+def test_decoupled_loss_with_equal_proximal_and_behaviour_is_the_clipped_loss_exactly() -> None:
+    gen = torch.Generator().manual_seed(0)
+    lp, old, adv = (torch.randn(4, 6, generator=gen) for _ in range(3))
+    plain, clipped, kl = losses.clipped_policy_loss(lp, old, adv, 0.2, 0.28)
+    got, clipped2, kl2, w, capped = losses.decoupled_policy_loss(lp, old, old, adv, 0.2, 0.28, 2.0)
+    assert torch.equal(got, plain) and torch.equal(clipped, clipped2) and torch.equal(kl, kl2)
+    assert torch.equal(w, torch.ones_like(w)) and not capped.any()
+
+
+def test_the_importance_weight_carries_no_gradient() -> None:
+    lp = torch.tensor([[0.1]], requires_grad=True)
+    prox = torch.tensor([[0.0]], requires_grad=True)
+    loss, *_ = losses.decoupled_policy_loss(lp, prox, torch.tensor([[-0.5]]), torch.tensor([[1.0]]), 0.2, 0.2, 2.0)
+    loss.sum().backward()
+    # d/d lp of -A w r = -w e^(lp - prox) with w = e^0.5 a constant
+    assert float(lp.grad) == pytest.approx(-math.exp(0.5) * math.exp(0.1), rel=1e-5)

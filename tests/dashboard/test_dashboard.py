@@ -159,3 +159,33 @@ def test_an_apo_run_shows_its_best_prompt() -> None:
     text = "\n".join(lines)
     assert len(lines) <= 30 and "best prompt · score 0.500 · round 1" in text
     assert "Use the calculator." in text and "Then answer." in text
+
+
+def test_an_async_run_shows_staleness_drops_importance_weights_and_runner_use() -> None:
+    from alight.dashboard.panels import async_rows, throughput_panel
+    from alight.dashboard.state import RunState
+
+    latest = {
+        "step": 3,
+        "runners/utilisation": 0.874,
+        "async/groups": 4,
+        "async/staleness_0": 1,
+        "async/staleness_1": 3,
+        "async/staleness_mean": 0.75,
+        "async/dropped_total": 2,
+        "async/requeued_total": 0,
+        "actor/is_weight_mean": 0.98,
+        "actor/is_capped_frac": 0.012,
+    }
+    assert async_rows(latest) == [
+        ("staleness", "0:1 1:3"),
+        ("dropped", "2 · requeued 0"),
+        ("IS weight", "0.980 · capped 1.2%"),
+    ]
+    assert async_rows({"step": 3, "runners/utilisation": 0.5}) == []  # a sync run: no async rows
+    state = RunState()
+    state.on_step(latest)
+    console = Console(file=io.StringIO(), record=True, width=60, force_terminal=True)
+    console.print(throughput_panel(state))
+    text = console.export_text()
+    assert "runners busy" in text and "87%" in text and "staleness" in text and "0:1 1:3" in text

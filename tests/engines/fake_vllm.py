@@ -9,12 +9,20 @@ Sleep mode as vLLM 0.31 serves it: `POST /sleep?level=N`, `POST /wake_up[?tags=.
 `GET /is_sleeping` exist only with VLLM_SERVER_DEV_MODE=1 (else 404), and /sleep answers 500 unless
 the command carried `--enable-sleep-mode`. Each sleep-mode call is printed as `fake vllm: POST /sleep?...`
 (the engine writes this output to its vllm.log), so a test reads the calls in order there.
+
+Calls in flight during a reload: with FAKE_VLLM_DELAY_S set, a chat answer takes that long, and
+prints `fake vllm weights: begin <digest>`, `... end <digest at begin> <digest at end>`; each
+reload prints `fake vllm weights: reload <digest>`. A chat whose weights were swapped while it ran (what a
+real vLLM reloading mid-request would serve: the later tokens by the new weights) answers the mixed
+text `weights <old>-><new>`.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
+import json
 import os
 import sys
 import time
@@ -32,6 +40,21 @@ class FakeVLLMServer(ScriptedOpenAIServer):
     """The scripted server with vLLM's sleep-mode rules, printing each sleep-mode call."""
 
     sleep_enabled: bool = False  # the command carried --enable-sleep-mode
+    delay_s: float = 0.0  # FAKE_VLLM_DELAY_S: how long a chat answer takes
+    digest: str = ""  # of the weights served now
+
+    async def _chat(self, request: Request) -> Response:
+        begun = self.digest
+        print(f"fake vllm weights: begin {begun}", flush=True)
+        await asyncio.sleep(self.delay_s)
+        response = await super()._chat(request)
+        ended = self.digest
+        print(f"fake vllm weights: end {begun} {ended}", flush=True)
+        if begun != ended and response.status_code == 200:  # swapped mid-call: a mixed answer
+            data = json.loads(bytes(response.body))
+            data["choices"][0]["message"]["content"] = f"weights {begun}->{ended}"
+            return JSONResponse(data)
+        return response
 
     def record_sleep_call(self, call: str) -> None:
         super().record_sleep_call(call)
@@ -58,12 +81,15 @@ def main() -> None:
     server = FakeVLLMServer(Reply(), model=None, port=args.port)
     server.sleep_endpoints = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
     server.sleep_enabled = args.enable_sleep_mode
+    server.delay_s = float(os.environ.get("FAKE_VLLM_DELAY_S", "0"))
 
     def read_weights() -> bool:
         if (model / "no_reload").exists():  # act as a vLLM that cannot reload in place
             return False
         digest = hashlib.sha256((model / "model.safetensors").read_bytes()).hexdigest()[:12]
         server.script.content = f"weights {digest}"
+        server.digest = digest
+        print(f"fake vllm weights: reload {digest}", flush=True)
         return True
 
     read_weights()

@@ -7,9 +7,12 @@ from typing import Any
 
 import pytest
 
+from alight import semconv
+from alight.config.schema import AgentConfig
 from alight.errors import ConfigError
 from alight.runner import RunnerPool
 from alight.store.client import StoreClient
+from alight.trainer.stack import runner_agent, runner_command
 from alight.types import Rollout, RolloutStatus, Task
 
 from . import agents
@@ -49,6 +52,25 @@ def test_bad_arguments_are_config_errors() -> None:
         RunnerPool("m:f", "http://127.0.0.1:1", tracer="zipkin")
     with pytest.raises(ConfigError, match="store URL"):
         RunnerPool("m:f", "127.0.0.1:1")
+
+
+@pytest.mark.slow
+def test_an_entrypoint_agent_runs_under_the_configured_agent_name(store_server: Any) -> None:
+    """`agent.name` names an entrypoint agent's spans in the workers (it used to be dropped)."""
+    agent = runner_agent(AgentConfig(entrypoint=f"{AGENTS}:fault_agent", name="writer"))
+    assert runner_command(agent) == f"--agent {AGENTS}:fault_agent --name writer"
+
+    async def run() -> list[Any]:
+        async with StoreClient(store_server.url) as client:
+            [queued] = await client.enqueue([Rollout(task=Task(input={"emit": 0.5}))])
+            [done] = await client.wait_for_rollouts([queued.rollout_id], timeout=60)
+            assert (done.status, done.reward) == (RolloutStatus.SUCCEEDED, 0.5)
+            return await client.query_spans(done.rollout_id)
+
+    with RunnerPool(agent, store_server.url, n_runners=1):
+        spans = asyncio.run(run())
+    assert [(s.kind.value, s.name) for s in spans] == [("agent", "writer"), ("reward", "reward")]
+    assert {s.attributes.get(semconv.AGENT_NAME) for s in spans if s.kind.value == "agent"} == {"writer"}
 
 
 @pytest.mark.slow

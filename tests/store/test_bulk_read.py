@@ -50,7 +50,7 @@ async def test_same_spans_in_same_order_as_query_spans(store: Store, all_attempt
     got = await store.span_dicts(asked, all_attempts=all_attempts)
     assert list(got) == [ids[3], ids[0], ids[4], ids[1], ids[2]]
     for rid in ids:
-        expected = await store.query_spans(rid, "all" if all_attempts else None)
+        expected = await store.query_spans(rid, "all" if all_attempts else "latest")
         assert [Span.model_validate(d) for d in got[rid]] == expected
         assert all(isinstance(d["sequence_id"], int) for d in got[rid])  # from the column, never None
     assert got[ids[4]] == []

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from alight.errors import InvalidRequestError, InvalidTransitionError, NotFoundError
-from alight.store import ALL_ATTEMPTS, Store
+from alight.store import ALL_ATTEMPTS, LATEST_ATTEMPT, Store
 from alight.types import (
     AttemptStatus,
     LLMResource,
@@ -280,7 +280,7 @@ async def test_spans_of_unknown_attempt_are_refused_whole(store: Store) -> None:
     assert await store.query_spans(rid) == []
 
 
-async def test_query_spans_latest_one_or_all_attempts(store: Store) -> None:
+async def test_query_spans_every_attempt_by_default_one_or_the_latest(store: Store) -> None:
     [queued] = await store.enqueue(rollouts(1, max_attempts=2))
     rid = queued.rollout_id
     first = await claim_one(store)
@@ -288,11 +288,12 @@ async def test_query_spans_latest_one_or_all_attempts(store: Store) -> None:
     await store.finish_attempt(first.attempt.attempt_id, AttemptStatus.FAILED)
     second = await claim_one(store)
     await store.add_spans(spans_for(rid, second.attempt.attempt_id, 3))
-    assert {s.attempt_id for s in await store.query_spans(rid)} == {second.attempt.attempt_id}
-    assert len(await store.query_spans(rid)) == 3
-    assert len(await store.query_spans(rid, first.attempt.attempt_id)) == 2
-    every = await store.query_spans(rid, ALL_ATTEMPTS)
-    assert [s.attempt_id for s in every] == [first.attempt.attempt_id] * 2 + [second.attempt.attempt_id] * 3
+    every = [first.attempt.attempt_id] * 2 + [second.attempt.attempt_id] * 3
+    assert [s.attempt_id for s in await store.query_spans(rid)] == every
+    assert [s.attempt_id for s in await store.query_spans(rid, ALL_ATTEMPTS)] == every
+    assert [s.attempt_id for s in await store.query_spans(rid, LATEST_ATTEMPT)] == every[2:]
+    assert [s.attempt_id for s in await store.query_spans(rid, first.attempt.attempt_id)] == every[:2]
+    assert [s.attempt_id for s in await store.query_spans(rid, second.attempt.attempt_id)] == every[2:]
     with pytest.raises(NotFoundError):
         await store.query_spans(rid, "at-missing")
 

@@ -1,5 +1,6 @@
-"""Write ids: a retried resource or reap write is applied once, in memory, in SQLite, over HTTP,
-and across a SIGKILL and restart of a real `alight store` process."""
+"""Write ids: a retried resource, reap or span write is applied once and answers as the first
+did, in memory, in SQLite, over HTTP, and across a SIGKILL and restart of a real `alight store`
+process."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from alight.store.sqlite import SqliteStore
 from alight.store.sqlite_schema import SCHEMA_VERSION
 from alight.store.wire import IDEMPOTENCY_HEADER
 from alight.store.write_ids import WriteIdLimits
-from alight.types import AttemptStatus, LLMResource, Resource, Rollout, RolloutStatus, Task
+from alight.types import AttemptStatus, LLMResource, Resource, Rollout, RolloutStatus, Span, Task
 
 pytestmark = pytest.mark.anyio
 
@@ -55,6 +56,18 @@ async def test_a_repeated_reap_write_id_reaps_once_and_returns_the_first_answer(
     assert again_claim is not None
     assert await store.reap_timed_out(at=1e12, write_id="reap-1") == reaped  # the second attempt lives on
     assert [a.attempt_id for a in await store.reap_timed_out(at=1e12)] == [again_claim.attempt.attempt_id]
+
+
+async def test_a_repeated_span_write_id_answers_the_first_count(store: Store) -> None:
+    await store.enqueue([Rollout(rollout_id="r1", task=Task(input="x"))])
+    claim = await store.dequeue("w")
+    assert claim is not None
+    spans = [Span(rollout_id="r1", attempt_id=claim.attempt.attempt_id, name=f"s{i}") for i in range(3)]
+    assert await store.add_spans(spans[:2], write_id="spans-1") == 2
+    assert await store.add_spans(spans[:2], write_id="spans-1") == 2  # the retry: the first answer
+    assert await store.add_spans(spans[:2]) == 0  # without the id: nothing new
+    assert await store.add_spans(spans, write_id="spans-2") == 1
+    assert [s.name for s in await store.query_spans("r1")] == ["s0", "s1", "s2"]
 
 
 async def test_a_write_id_used_by_another_kind_of_write_is_refused(store: Store) -> None:
@@ -198,3 +211,47 @@ async def test_queue_writes_retried_after_a_restart_are_applied_once_by_their_ow
         assert [a.attempt_id for a in await store.list_attempts("r1")] == ["at-1"]
         assert await store.finish_attempt("at-2", AttemptStatus.SUCCEEDED, reward=1.0) == finished
         assert len(await store.list_rollouts()) == 2
+
+
+def _span_requests(port: int) -> tuple[dict[str, object], dict[str, object]]:
+    """A claimed attempt in the store at `port`, and two span request bodies for it: one plain,
+    one in groups (as the client's batcher sends them)."""
+    url = f"http://127.0.0.1:{port}"
+    rollout = Rollout(rollout_id="r1", task=Task(input="x")).model_dump(mode="json")
+    assert httpx.post(f"{url}/store/enqueue", json={"rollouts": [rollout]}, trust_env=False).status_code == 200
+    claim = httpx.post(f"{url}/store/dequeue", json={"worker_id": "w", "attempt_id": "at-1"}, trust_env=False)
+    assert claim.status_code == 200
+    spans = [Span(rollout_id="r1", attempt_id="at-1", name=f"s{i}").model_dump(mode="json") for i in range(5)]
+    return {"spans": spans[:2]}, {"spans": spans[1:], "groups": [1, 3]}
+
+
+async def test_a_span_write_retried_after_a_sigkill_restart_is_stored_once_and_answers_the_same(
+    store_process: tuple[Path, int, list[subprocess.Popen[bytes]]],
+) -> None:
+    db, port, processes = store_process
+    url = f"http://127.0.0.1:{port}"
+    server = _start(db, port, processes)
+    plain, grouped = _span_requests(port)
+    first = httpx.post(f"{url}/store/spans", json=plain, headers={IDEMPOTENCY_HEADER: "rq-a"}, trust_env=False)
+    first_groups = httpx.post(f"{url}/store/spans", json=grouped, headers={IDEMPOTENCY_HEADER: "rq-b"}, trust_env=False)
+    assert first.json() == {"added": 2}
+    assert first_groups.json() == {"added": 3, "groups": [{"added": 0}, {"added": 3}]}
+    os.kill(server.pid, signal.SIGKILL)
+    server.wait(timeout=10)
+
+    _start(db, port, processes)
+    retried = httpx.post(f"{url}/store/spans", json=plain, headers={IDEMPOTENCY_HEADER: "rq-a"}, trust_env=False)
+    retried_groups = httpx.post(
+        f"{url}/store/spans", json=grouped, headers={IDEMPOTENCY_HEADER: "rq-b"}, trust_env=False
+    )
+    assert (retried.status_code, retried.json()) == (200, first.json())
+    assert (retried_groups.status_code, retried_groups.json()) == (200, first_groups.json())
+    fresh = httpx.post(f"{url}/store/spans", json=plain, headers={IDEMPOTENCY_HEADER: "rq-c"}, trust_env=False)
+    assert fresh.json() == {"added": 0}  # a new write of stored spans: nothing new
+    async with StoreClient(url) as client:  # the client's own write id travels the same way
+        extra = [Span(rollout_id="r1", attempt_id="at-1", name="s5")]
+        assert await client.add_spans(extra, write_id="rq-client") == 1
+        assert await client.add_spans(extra, write_id="rq-client") == 1
+        assert [s.name for s in await client.query_spans("r1")] == [f"s{i}" for i in range(6)]
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("SELECT COUNT(*) FROM spans").fetchone()[0] == 6

@@ -127,6 +127,40 @@ async def test_a_standalone_agent_with_a_failing_tool(tracer: Tracer, store: Sto
     assert "adder broken" in server.requests[1].body["messages"][-1]["content"]  # what the model read
 
 
+@alight.agent.rollout
+def crew_agent_failing_once(task: dict[str, Any], llm: LLM) -> float:
+    """A crew whose agent fails its first execution (its step callback raises once): CrewAI retries it."""
+    from crewai import Crew, Task
+
+    steps: list[Any] = []
+
+    def fail_once(step: Any) -> None:
+        steps.append(step)
+        if len(steps) == 1:
+            raise RuntimeError("the first execution fails")
+
+    agent = adder(llm)
+    agent.step_callback = fail_once
+    crew = Crew(agents=[agent], tasks=[Task(description="1+2?", expected_output="a number", agent=agent)])
+    return 1.0 if "3" in crew.kickoff().raw else 0.0
+
+
+@pytest.mark.anyio
+async def test_a_retried_agent_execution_is_a_sibling_of_the_failed_one(tracer: Tracer, store: StoreClient) -> None:
+    with ScriptedOpenAIServer(sample_agents.calculator_script, model=None) as server:
+        reward, spans = await run_traced(tracer, store, crew_agent_failing_once, server=server)
+    assert reward == 1.0
+    top = spans[0]
+    executions = [span for span in spans if span.kind is SpanKind.AGENT and span.name == ROLE]
+    assert len(executions) == 2
+    assert [span.parent_id for span in executions] == [top.span_id, top.span_id]  # beside, not inside
+    assert executions[0].status is SpanStatus.ERROR and "the first execution fails" in str(executions[0].status_message)
+    assert executions[1].status is SpanStatus.OK
+    assert executions[0].end_time is not None and executions[0].end_time <= executions[1].start_time
+    retry_children = [span for span in spans if span.parent_id == executions[1].span_id]
+    assert [span.kind for span in retry_children][-1] is SpanKind.LLM  # the retry's calls are its own
+
+
 LAZY = """
 import os, sys
 from alight.tracing import make_tracer

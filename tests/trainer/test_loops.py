@@ -26,6 +26,7 @@ def config(**sections: object) -> ExperimentConfig:
 
 def test_make_loop_chooses_the_loop_by_the_config(tmp_path: Path) -> None:
     from alight.trainer.loops.apo import ApoLoop
+    from alight.trainer.loops.async_rl import AsyncRLLoop
     from alight.trainer.loops.rl import RLLoop
     from alight.trainer.loops.sft_store import SFTStoreLoop
 
@@ -33,6 +34,8 @@ def test_make_loop_chooses_the_loop_by_the_config(tmp_path: Path) -> None:
     cases = [
         (config(algorithm={"name": "grpo"}), "rl", RLLoop),
         (config(algorithm={"name": "sft"}), "rl", RLLoop),  # sft on the agent's best rollouts
+        (config(trainer={"mode": "async"}), "async_rl", AsyncRLLoop),
+        (config(trainer={"mode": "async", "max_staleness": 0}), "async_rl", AsyncRLLoop),
         (config(algorithm={"name": "sft"}, data={"from_store": str(tmp_path)}), "sft_store", SFTStoreLoop),
         (config(algorithm={"name": "apo"}, engine={"kind": "litellm"}), "apo", ApoLoop),
     ]
@@ -40,7 +43,7 @@ def test_make_loop_chooses_the_loop_by_the_config(tmp_path: Path) -> None:
         assert loop_kind(cfg) == kind
         loop = make_loop(cfg, tmp_path / kind, rows, rows)
         assert type(loop) is cls and callable(loop.run)
-    assert set(LOOPS) == {"rl", "apo", "sft_store"}
+    assert set(LOOPS) == {"rl", "async_rl", "apo", "sft_store"}
     assert not list(tmp_path.glob("*/*")), "building a loop writes nothing: run() does"
 
 
@@ -94,6 +97,11 @@ def test_validation_refuses_in_one_line_before_anything_starts(tmp_path: Path) -
         (config(runner={"n_runners": -1}, agent=agent), "runner.n_runners"),
         (config(trainer={"group_size": 1}, agent=agent), "trainer.group_size must be at least 2"),
         (config(store={"kind": "s3"}, agent=agent), "store.kind"),
+        (config(trainer={"mode": "offline"}, agent=agent), "trainer.mode must be one of sync, async"),
+        (config(trainer={"mode": "async", "max_staleness": -1}, agent=agent), "trainer.max_staleness"),
+        (config(trainer={"mode": "async", "on_stale": "keep"}, agent=agent), "trainer.on_stale must be one of drop"),
+        (config(trainer={"mode": "async"}, algorithm={"name": "apo"}, agent=agent), "mode=async trains weights"),
+        (config(algorithm={"is_cap": 0.5}, agent=agent), "algorithm.is_cap"),
     ]
     for cfg, message in cases:
         with pytest.raises(ConfigError, match=message) as err:

@@ -49,6 +49,15 @@ def store(
     watchdog_interval: Annotated[
         float, typer.Option(min=0.05, help="Seconds between checks for attempts that missed their heartbeat.")
     ] = 1.0,
+    max_wait: Annotated[
+        float, typer.Option(help="Seconds POST /store/wait holds a request at most (a longer timeout is cut to it).")
+    ] = 300.0,
+    write_id_retention: Annotated[
+        float, typer.Option(help="Seconds a retried write's id is remembered (its retry is answered, not applied).")
+    ] = 86400.0,
+    max_write_ids: Annotated[
+        int, typer.Option(help="Write ids remembered at most; beyond it the oldest are forgotten first.")
+    ] = 100_000,
     token: _Token = None,
     insecure: _Insecure = False,
     agent_spans: Annotated[
@@ -70,6 +79,9 @@ def store(
         max_body_bytes=int(max_body_mb * 2**20),
         watchdog_interval_s=watchdog_interval,
         on_ready=ready,
+        max_wait_s=max_wait,
+        write_id_retention_s=write_id_retention,
+        max_write_ids=max_write_ids,
         token=token or None,
         insecure=insecure,
         agent_spans=agent_spans,
@@ -143,7 +155,9 @@ def runner(
     command: Annotated[
         str | None, typer.Option(help="Or a program to run per attempt (any language), e.g. 'node agent.js'.")
     ] = None,
-    name: Annotated[str | None, typer.Option(help="With --command: the agent's name on its spans.")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="The agent's name on its spans (default: its function, class or program).")
+    ] = None,
     n_runners: Annotated[int, typer.Option("--n-runners", "-n", min=1, help="Runners (processes or Ray actors).")] = 4,
     tracer: Annotated[str, typer.Option(help="light or otel.")] = "light",
     drain_timeout: Annotated[

@@ -211,7 +211,32 @@ def throughput_panel(state: RunState) -> Panel:
     grid.add_row("rollouts/s", fmt(latest.get("throughput/rollouts_per_s")), sparkline(list(state.throughput)))
     grid.add_row("tokens/s", fmt(latest.get("throughput/tokens_per_s")), "")
     grid.add_row("update tok/s", fmt(latest.get("throughput/update_tokens_per_s")), "")
+    busy = number(latest.get("runners/utilisation"))
+    if busy is not None:
+        grid.add_row("runners busy", f"{busy:.0%}", "")
+    for label, value in async_rows(latest):
+        grid.add_row(label, value, "")
     return Panel(grid, title="throughput", title_align="left")
+
+
+def async_rows(latest: dict[str, Any]) -> list[tuple[str, str]]:
+    """An async run's accounting (nothing for a sync run): the staleness histogram of the groups
+    the last step trained, the dropped and requeued groups so far, and the importance weights."""
+    if number(latest.get("async/groups")) is None:
+        return []
+    histogram = sorted(
+        (int(key.rsplit("_", 1)[1]), int(value))
+        for key, value in latest.items()
+        if key.startswith("async/staleness_") and key.rsplit("_", 1)[1].isdigit() and number(value) is not None
+    )
+    rows = [
+        ("staleness", " ".join(f"{k}:{n}" for k, n in histogram) or "-"),
+        ("dropped", f"{fmt(latest.get('async/dropped_total'))} · requeued {fmt(latest.get('async/requeued_total'))}"),
+    ]
+    if number(latest.get("actor/is_weight_mean")) is not None:
+        capped = number(latest.get("actor/is_capped_frac")) or 0.0
+        rows.append(("IS weight", f"{fmt(latest.get('actor/is_weight_mean'))} · capped {capped:.1%}"))
+    return rows
 
 
 def step_time_panel(state: RunState) -> Panel:

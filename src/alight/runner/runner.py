@@ -123,6 +123,7 @@ class Runner:
         #: Set when a timed-out agent was left running in a thread; the process should be replaced.
         self.agent_thread_stuck = False
         self._resource_sets: dict[int, ResourceSet] = {}
+        self.instrument = instrument
         if instrument:  # hook openai & co. so the agent's calls are traced (once per process)
             tracer.instrument()
 
@@ -198,6 +199,7 @@ class Runner:
         outcome: Outcome | None = None
         try:
             async with self.tracer.attempt(self.store, rollout, attempt, agent_name=self.agent.name) as ctx:
+                ctx.numbered = self.instrument  # uninstrumented calls carry no numbers: see AttemptContext
                 outcome = await self._run_agent(rollout, attempt, resources, ctx)
         except Exception as err:
             # Entering or flushing the tracer failed (a store outage past the client's retries):

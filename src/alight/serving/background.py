@@ -167,17 +167,25 @@ class BackgroundServer:
         self._thread = None
 
     def serve_until_interrupted(self, on_ready: Callable[[str], None] | None = None) -> None:
-        """Serve until Ctrl-C or SIGTERM, then stop gracefully. `on_ready` gets the URL once it answers."""
-        with sigterm_interrupts():
+        """Serve until Ctrl-C or SIGTERM, then stop gracefully (requests in flight get
+        `graceful_shutdown_s`; a second signal changes nothing). `on_ready` gets the URL once it answers.
+
+        The signals only set a flag, never raise KeyboardInterrupt: raised at whatever the main
+        thread runs, it can land in code that swallows it (a weakref callback inside an import, a
+        `__del__`), and the server then never stops, or escape the handler and kill the process."""
+        signals: list[int] = []
+        interrupted = signals.append  # runs in the signal handler: no locks, no I/O
+
+        with stop_signals(interrupted):
             try:
                 self.start()
                 logger.debug("alight %s serving on %s", self.what, self.url)
                 if on_ready is not None:
                     on_ready(self.url)
-                while not self._stopped.wait(0.5):
+                while not signals and not self._stopped.wait(0.1):
                     pass
-            except KeyboardInterrupt:
-                logger.info("alight %s on %s: stopping", self.what, self.url)
+                if signals:
+                    logger.info("alight %s on %s: stopping", self.what, self.url)
             finally:
                 self.stop()
 
@@ -224,6 +232,25 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
         if previous_int == signal.SIG_IGN:
             signal.signal(signal.SIGINT, previous_int)
+
+
+@contextlib.contextmanager
+def stop_signals(on_signal: Callable[[int], None]) -> Iterator[None]:
+    """Inside: SIGINT and SIGTERM call `on_signal(signum)` instead of raising KeyboardInterrupt (main
+    thread only; elsewhere a no-op). `on_signal` runs in a signal handler: it must only set flags
+    (no locks, no I/O). Ctrl-C works even when the process inherited SIGINT ignored (see
+    `sigterm_interrupts`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in previous:
+        signal.signal(signum, lambda number, frame: on_signal(number))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from alight.store.base import ALL_ATTEMPTS, Store
+from alight.store.base import ALL_ATTEMPTS, LATEST_ATTEMPT, Store
 from alight.store.memory import MemoryStore
 
-__all__ = ["ALL_ATTEMPTS", "MemoryStore", "SqliteStore", "Store", "StoreClient"]
+__all__ = ["ALL_ATTEMPTS", "LATEST_ATTEMPT", "MemoryStore", "SqliteStore", "Store", "StoreClient"]
 
 
 def __getattr__(name: str) -> object:

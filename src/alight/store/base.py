@@ -28,8 +28,10 @@ from alight.types import (
     Span,
 )
 
-#: `query_spans(attempt_id=ALL_ATTEMPTS)` returns the spans of every attempt.
+#: `query_spans(attempt_id=ALL_ATTEMPTS)` returns the spans of every attempt (as the default does).
 ALL_ATTEMPTS: Literal["all"] = "all"
+#: `query_spans(attempt_id=LATEST_ATTEMPT)` returns the spans of the rollout's latest attempt only.
+LATEST_ATTEMPT: Literal["latest"] = "latest"
 
 
 class Store(abc.ABC):
@@ -75,15 +77,17 @@ class Store(abc.ABC):
 
     # -- spans ------------------------------------------------------------------------------
     @abc.abstractmethod
-    async def add_spans(self, spans: Sequence[Span]) -> int:
+    async def add_spans(self, spans: Sequence[Span], *, write_id: str | None = None) -> int:
         """Store spans of known attempts; returns how many were new. Idempotent by
         (attempt_id, span_id): writing a span twice stores it once. Spans without a
-        `sequence_id` get the next number of their attempt."""
+        `sequence_id` get the next number of their attempt. A `write_id` already seen returns
+        that write's count and writes nothing (`alight.store.write_ids`)."""
 
     @abc.abstractmethod
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
-        """Spans of a rollout ordered by sequence id: of its latest attempt by default, of one
-        attempt, or of all attempts with `attempt_id=ALL_ATTEMPTS`."""
+        """Spans of a rollout ordered by attempt, then sequence id: of every attempt by default
+        (or `ALL_ATTEMPTS`), of one attempt by its id, or of the latest with `LATEST_ATTEMPT`
+        (what the trainer reads: a retried rollout's earlier attempts are not its result)."""
 
     # -- bulk reads: what the trainer reads each step ----------------------------------------
     # Every store answers these; the defaults build them from the methods above, one rollout at a
@@ -102,7 +106,7 @@ class Store(abc.ABC):
         as read-only numpy arrays instead of lists, and an LLM span whose ids it holds as arrays as a
         lean dict (ids, kind, agent name, parent, times: what the adapter reads). NotFoundError for an
         unknown rollout; a rollout never claimed has no spans."""
-        attempt = ALL_ATTEMPTS if all_attempts else None
+        attempt = ALL_ATTEMPTS if all_attempts else LATEST_ATTEMPT
         out: dict[str, list[dict[str, Any]]] = {}
         for rollout_id in dict.fromkeys(rollout_ids):  # query_spans raises NotFoundError for an unknown id
             out[rollout_id] = [s.model_dump(mode="json") for s in await self.query_spans(rollout_id, attempt)]
@@ -121,7 +125,7 @@ class Store(abc.ABC):
             attempts = await self.list_attempts(rollout_id)
             latest.append(attempts[-1].attempt_id if attempts else None)
             if attempts:
-                spans[rollout_id] = await self.query_spans(rollout_id)
+                spans[rollout_id] = await self.query_spans(rollout_id, LATEST_ATTEMPT)
         return columns_from_spans(rollouts, latest, spans, tool_spans=tool_spans)
 
     # -- reading ----------------------------------------------------------------------------
@@ -198,11 +202,12 @@ def all_status_counts(counts: Mapping[str, int]) -> dict[RolloutStatus, int]:
 
 def chosen_attempts(rollout_id: str, attempt_ids: list[str], attempt_id: str | None) -> list[str]:
     """The attempts `query_spans(rollout_id, attempt_id)` reads, of the rollout's `attempt_ids` (in
-    order): the last one, all (`ALL_ATTEMPTS`) or `attempt_id`; NotFoundError for one not in it."""
-    if attempt_id is None:
-        return attempt_ids[-1:]
-    if attempt_id == ALL_ATTEMPTS:
+    order): all (None or `ALL_ATTEMPTS`), the last one (`LATEST_ATTEMPT`) or `attempt_id`;
+    NotFoundError for one not in it."""
+    if attempt_id is None or attempt_id == ALL_ATTEMPTS:
         return attempt_ids
+    if attempt_id == LATEST_ATTEMPT:
+        return attempt_ids[-1:]
     if attempt_id in attempt_ids:
         return [attempt_id]
     raise NotFoundError(f"attempt {attempt_id!r} is not in rollout {rollout_id!r}")

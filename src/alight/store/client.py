@@ -211,13 +211,18 @@ class StoreClient(Store):
         return wire.ROLLOUT.validate_json(await self._call("POST", path, body))
 
     # -- spans ----------------------------------------------------------------------------
-    async def add_spans(self, spans: Sequence[Span]) -> int:
+    async def add_spans(self, spans: Sequence[Span], *, write_id: str | None = None) -> int:
         """Write spans; returns how many were new once the server has stored them.
 
         Concurrent calls share requests, but each call is stored by its own `add_spans` on the
         server, so its count and its errors are its own. A call of more than `span_batch_size`
-        spans is sent as several parts: if one part is refused, the others may be stored.
+        spans is sent as several parts: if one part is refused, the others may be stored. With
+        `write_id`, the spans go as one request of their own, named by it (a retry, even after the
+        server restarted, gets the first answer).
         """
+        if write_id is not None:
+            body = b'{"spans":' + wire.SPANS.dump_json(list(spans)) + b"}"
+            return int(orjson.loads(await self._call("POST", "/store/spans", body, idempotency_key=write_id))["added"])
         return await self._bind().add(spans)
 
     def add_spans_nowait(self, spans: Sequence[Span]) -> None:

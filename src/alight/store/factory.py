@@ -19,6 +19,7 @@ from alight.errors import ConfigError
 if TYPE_CHECKING:
     from alight.config.schema import StoreConfig
     from alight.store.base import Store
+    from alight.store.write_ids import WriteIdLimits
 
 KINDS = ("sqlite", "memory", "http")
 URL_FORMS = "sqlite:///PATH, memory:// or http://HOST:PORT"
@@ -94,16 +95,17 @@ def open_store(
     create: bool = True,
     token: str | None = None,
     max_retries: int | None = None,
+    write_id_limits: WriteIdLimits | None = None,
 ) -> Store:
     """The store `spec` chooses, opened. `default_path`: the SQLite file when the spec names none
     (a run's `store.db`). `create=False` opens only an existing SQLite file (ConfigError when there
     is none), as readers of a finished run do. `token` (default: ALIGHT_TOKEN) and `max_retries`
-    (default: the client's) are for http."""
+    (default: the client's) are for http; `write_id_limits` for memory and sqlite."""
     checked = spec if isinstance(spec, StoreSpec) else check_store(spec)
     if checked.kind == "memory":
         from alight.store.memory import MemoryStore
 
-        return MemoryStore()
+        return MemoryStore(write_id_limits=write_id_limits)
     if checked.kind == "http":
         from alight.store.client import StoreClient
 
@@ -118,4 +120,4 @@ def open_store(
         raise ConfigError(f"{path}: no store file there")
     from alight.store.sqlite import SqliteStore
 
-    return SqliteStore(path)
+    return SqliteStore(path, write_id_limits=write_id_limits)

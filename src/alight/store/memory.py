@@ -135,7 +135,10 @@ class MemoryStore(Store):
         return rollout
 
     # -- spans ------------------------------------------------------------------------------
-    async def add_spans(self, spans: Sequence[Span]) -> int:
+    async def add_spans(self, spans: Sequence[Span], *, write_id: str | None = None) -> int:
+        known = self._write_ids.recall(write_id, "spans")
+        if known is not None:
+            return int(known)
         for span in spans:  # validate the whole batch before writing any of it
             attempt = self._attempt(span.attempt_id)
             if attempt.rollout_id != span.rollout_id:
@@ -151,6 +154,7 @@ class MemoryStore(Store):
             self._last_seq[span.attempt_id] = max(last, span.sequence_id or 0)
             stored[span.span_id] = span
             added += 1
+        self._write_ids.remember(write_id, "spans", str(added))
         return added
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:

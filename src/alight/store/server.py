@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -43,6 +44,13 @@ logger = logging.getLogger(__name__)
 def _error_body(status: int, code: str | None, message: str) -> bytes:
     # Every answer names a code the client maps back to an error class; unnamed ones by status.
     return wire.error_body(code or (StoreError.code if status >= 500 else "http_error"), message)
+
+
+def check_max_wait(max_wait_s: float) -> float:
+    """`max_wait_s` if it is a usable hold for `/store/wait` (finite, > 0), else a one-line ConfigError."""
+    if not math.isfinite(max_wait_s) or max_wait_s <= 0:
+        raise ConfigError(f"the store's max wait must be a finite number of seconds > 0, got {max_wait_s}")
+    return max_wait_s
 
 
 # -- the app ----------------------------------------------------------------------------------
@@ -145,20 +153,25 @@ def create_app(
     # -- spans ----------------------------------------------------------------------------
     async def add_spans(request: Request) -> bytes:
         parsed = wire.parse_body(wire.SpansBody, await body(request))
+        key = request.headers.get(IDEMPOTENCY_HEADER)  # the store keeps each part's count by it (a restart)
+
+        def write_id(part: str) -> str | None:
+            return None if key is None else f"spans {key}{part}"
+
         if parsed.groups is None:
             await access.check_spans(request, parsed.spans)
-            return orjson.dumps({"added": await store.add_spans(parsed.spans)})
+            return orjson.dumps({"added": await store.add_spans(parsed.spans, write_id=write_id(""))})
         if sum(parsed.groups) != len(parsed.spans):
             raise InvalidRequestError(
                 f"groups add up to {sum(parsed.groups)} spans, the request has {len(parsed.spans)}"
             )
         answers: list[dict[str, Any]] = []
         total = start = 0
-        for size in parsed.groups:
+        for number, size in enumerate(parsed.groups):
             try:
                 group = parsed.spans[start : start + size]
                 await access.check_spans(request, group)
-                added = await store.add_spans(group)
+                added = await store.add_spans(group, write_id=write_id(f" #{number}"))
             except AlightError as err:
                 answers.append({"error": {"code": err.code, "message": one_line(str(err))}})
             else:
@@ -223,6 +236,8 @@ def create_app(
 
     async def counts(request: Request) -> bytes:
         return orjson.dumps({status.value: n for status, n in (await store.count_by_status()).items()})
+
+    check_max_wait(max_wait_s)
 
     async def wait(request: Request) -> bytes:
         parsed = wire.parse_body(wire.WaitBody, await body(request))
@@ -373,6 +388,7 @@ def serve(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     watchdog_interval_s: float | None = 1.0,
     on_ready: Callable[[str], None] | None = None,
+    max_wait_s: float = wire.MAX_WAIT_S,
     token: str | None = None,
     insecure: bool = False,
     agent_spans: bool = False,
@@ -387,6 +403,7 @@ def serve(
             port=port,
             max_body_bytes=max_body_bytes,
             watchdog_interval_s=watchdog_interval_s,
+            max_wait_s=max_wait_s,
             token=token,
             insecure=insecure,
             agent_spans=agent_spans,

@@ -226,11 +226,16 @@ class SqliteStore(Store):
             return rollout
 
     # -- spans ------------------------------------------------------------------------------
-    async def add_spans(self, spans: Sequence[Span]) -> int:
+    async def add_spans(self, spans: Sequence[Span], *, write_id: str | None = None) -> int:
         if not spans:
             return 0
         with self._write() as db:
-            return sqlite_spans.add_spans(db, spans)
+            known = self._write_ids.recall(db, write_id, "spans")
+            if known is not None:
+                return int(known)
+            added = sqlite_spans.add_spans(db, spans)
+            self._write_ids.remember(db, write_id, "spans", str(added))
+            return added
 
     async def query_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
         return sqlite_spans.query_spans(self._db, rollout_id, attempt_id)

@@ -46,7 +46,7 @@ def add_spans(db: sqlite3.Connection, spans: Sequence[Span]) -> int:
 
 
 def query_spans(db: sqlite3.Connection, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
-    """The spans of the rollout's last attempt, of `attempt_id`, or with "all" of every attempt, in
+    """The spans of every attempt (None or "all"), of the last ("latest") or of `attempt_id`, in
     attempt then sequence order. NotFoundError for an unknown rollout or an attempt not in it."""
     attempt_ids = [
         r[0] for r in db.execute("SELECT attempt_id FROM attempts WHERE rollout_id = ? ORDER BY number", (rollout_id,))

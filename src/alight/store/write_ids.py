@@ -5,8 +5,9 @@ answer was lost) names it with a write id. The store records the id with the wri
 same transaction as the write, so a retry with the same id, before or after a crash and restart,
 gets the first answer back and changes nothing. Writes that are idempotent by their own ids
 (enqueue by rollout id, dequeue by attempt id, start, heartbeat, a finish repeated with the same
-status, spans by attempt and span id) need none; publishing resources (each call makes a new
-version) and reaping (each call may time out other attempts) do.
+status) need none; publishing resources (each call makes a new version) and reaping (each call may
+time out other attempts) do, and so do span writes: spans are stored once by attempt and span id,
+but the answer (how many were new) must be the first one's, also after a restart.
 
 The record is bounded: ids older than `retention_s` (default 24 hours) are dropped, and beyond
 `max_ids` (default 100,000) the oldest go first. A retry comes within seconds of its first try
@@ -15,6 +16,7 @@ The record is bounded: ids older than `retention_s` (default 24 hours) are dropp
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from alight.errors import InvalidRequestError
+from alight.errors import ConfigError, InvalidRequestError
 from alight.types import Attempt
 
 if TYPE_CHECKING:
@@ -42,6 +44,12 @@ class WriteIdLimits:
 
     retention_s: float = DEFAULT_RETENTION_S  # seconds a write id is remembered
     max_ids: int = DEFAULT_MAX_IDS  # write ids remembered at most, the oldest dropped first
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.retention_s) or self.retention_s <= 0:
+            raise ConfigError(f"write-id retention must be a finite number of seconds > 0, got {self.retention_s}")
+        if isinstance(self.max_ids, bool) or not isinstance(self.max_ids, int) or self.max_ids < 1:
+            raise ConfigError(f"max write ids must be a whole number >= 1, got {self.max_ids!r}")
 
 
 def attempts_json(attempts: list[Attempt]) -> str:

@@ -111,6 +111,11 @@ class AttemptContext(abc.ABC):
         self._finished: deque[Span] = deque()  # append/popleft are thread-safe
         # Tool calls answered by the model and not yet seen run, by call id: (name, arguments).
         self.pending_tool_calls: dict[str, tuple[str, Any]] = {}
+        #: False when the agent's model calls reach the proxy without this attempt's sequence numbers
+        #: (the runner does not instrument): the proxy's spans are then numbered by the store as they
+        #: arrive, so this attempt's own spans are written unnumbered too, numbered after them, never
+        #: reusing a number the store gave a model call.
+        self.numbered = True
 
     @property
     def last_reward(self) -> float | None:
@@ -192,8 +197,9 @@ class AttemptContext(abc.ABC):
         """Write the finished spans to the store."""
         spans = self.take_finished()
         if spans:
+            written = spans if self.numbered else [s.model_copy(update={"sequence_id": None}) for s in spans]
             try:
-                await self.store.add_spans(spans)
+                await self.store.add_spans(written)
             except BaseException:
                 self._finished.extendleft(reversed(spans))  # keep them for the next flush
                 raise

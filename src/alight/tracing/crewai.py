@@ -6,10 +6,12 @@ the one name every CrewAI agent has, so the LLM calls it makes are attributed to
 OpenAI provider calls models with the `openai` SDK (whose instrumentation adds the proxy headers),
 other providers go through LiteLLM. The span is opened in the agent's own thread and context, which
 CrewAI carries into its worker threads; its event bus could not do this (handlers run later, on
-other threads). Each tool run is a TOOL span with the tool's name, arguments and result, recorded by
-a global `before_tool_call`/`after_tool_call` hook pair (CrewAI's public tool hooks, called
-synchronously around every tool run, native tool calls and ReAct alike). Outside an attempt both do
-only CrewAI's work.
+other threads). A failed execution CrewAI retries (it calls the agent again from inside the failed
+call) ends with its error, and the retry gets its own span beside it. Each tool run is a TOOL
+span with the tool's name, arguments and result, recorded by a global
+`before_tool_call`/`after_tool_call` hook pair (CrewAI's public tool hooks, called synchronously
+around every tool run, native tool calls and ReAct alike). Outside an attempt both do only
+CrewAI's work.
 
 CrewAI's own telemetry and its trace upload are turned off (`CREWAI_DISABLE_TELEMETRY=true`,
 `CREWAI_TRACING_ENABLED=false`, unless already set) so nothing tries the network: set
@@ -24,8 +26,9 @@ import asyncio
 import functools
 import logging
 import os
+import sys
 from collections.abc import Callable
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any
 
 from crewai import Agent
@@ -33,7 +36,7 @@ from crewai.hooks import ToolCallHookContext, register_after_tool_call_hook, reg
 
 from alight import semconv
 from alight.errors import one_line
-from alight.tracing.context import ActiveSpan, current_frame, enter_agent, exit_agent, tool_attributes
+from alight.tracing.context import ActiveSpan, _Frame, current_frame, enter_agent, exit_agent, tool_attributes
 from alight.types import SpanKind, SpanStatus
 
 logger = logging.getLogger(__name__)
@@ -48,6 +51,8 @@ TOOL_ERROR_PREFIX = "Error executing tool"
 # The tool spans open in this context, innermost last (a tuple: contexts CrewAI copies for parallel
 # tool calls must not share one mutable stack).
 _open_tools: ContextVar[tuple[ActiveSpan, ...]] = ContextVar("alight_crewai_tools", default=())
+# The innermost agent execution running in this context, and its frame (to tell CrewAI's retry).
+_running: ContextVar[tuple[Any, _Frame | None] | None] = ContextVar("alight_crewai_running", default=None)
 _installed = False
 
 
@@ -57,17 +62,31 @@ def agent_name(agent: Any) -> str:
     return role.strip() if isinstance(role, str) and role.strip() else type(agent).__name__
 
 
+def _enter(agent: Any) -> tuple[_Frame | None, Token[tuple[Any, _Frame | None] | None]]:
+    """Open `agent`'s AGENT span. CrewAI retries a failed execution by calling it again from its
+    `except` block, inside the first call: that first execution's span is ended with its error
+    here, so the retry's span opens beside it (under the same parent), not inside it."""
+    running = _running.get()
+    failed = sys.exc_info()[1]
+    if running is not None and running[0] is agent and running[1] is current_frame() and failed is not None:
+        exit_agent(running[1], failed)
+    frame = enter_agent(agent_name(agent))
+    return frame, _running.set((agent, frame))
+
+
 def _traced_sync(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
         if current_frame() is None:
             return method(self, *args, **kwargs)
-        frame = enter_agent(agent_name(self))
+        frame, token = _enter(self)
         try:
             result = method(self, *args, **kwargs)
         except BaseException as err:
-            exit_agent(frame, err)
+            exit_agent(frame, err)  # nothing if a retry already ended it
             raise
+        finally:
+            _running.reset(token)
         exit_agent(frame)
         return result
 
@@ -79,12 +98,14 @@ def _traced_async(method: Callable[..., Any]) -> Callable[..., Any]:
     async def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
         if current_frame() is None:
             return await method(self, *args, **kwargs)
-        frame = enter_agent(agent_name(self))
+        frame, token = _enter(self)
         try:
             result = await method(self, *args, **kwargs)
         except BaseException as err:
-            exit_agent(frame, err)
+            exit_agent(frame, err)  # nothing if a retry already ended it
             raise
+        finally:
+            _running.reset(token)
         exit_agent(frame)
         return result
 

@@ -185,6 +185,7 @@ def run_dev(
 async def _run(
     cfg: ExperimentConfig, store_url: str, tasks: list[Any], on_progress: Callable[[dict[str, int]], None] | None
 ) -> list[DevResult]:
+    from alight.store.base import LATEST_ATTEMPT
     from alight.store.client import StoreClient
     from alight.types import Rollout, RolloutMode, RolloutStatus, SpanKind, Task
 
@@ -215,7 +216,7 @@ async def _run(
         results = []
         for rollout_id in ids:
             rollout = await store.get_rollout(rollout_id)
-            spans = await store.query_spans(rollout_id) if rollout.attempt_count else []
+            spans = await store.query_spans(rollout_id, LATEST_ATTEMPT) if rollout.attempt_count else []
             attempts = await store.list_attempts(rollout_id)
             errors = [a.error for a in attempts if a.error]
             ends = [s.end_time for s in spans if s.end_time] + [rollout.ended_at or 0.0]

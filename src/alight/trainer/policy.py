@@ -144,7 +144,12 @@ class Policy:
             self.session.run_dir,
             progress.step,
             self.backend,
-            {"position": progress.position, "weights_version": progress.step, "total_steps": self.total_steps},
+            {
+                **progress.extra,
+                "position": progress.position,
+                "weights_version": progress.step,
+                "total_steps": self.total_steps,
+            },
             tokenizer_dir=self.base_dir,
             rng=ckpt.rng_state(),
             keep=self.cfg.trainer.keep_checkpoints,

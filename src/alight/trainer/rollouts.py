@@ -27,6 +27,17 @@ T = TypeVar("T")
 MODES = {"train": RolloutMode.TRAIN, "val": RolloutMode.VAL}
 
 
+def runner_utilisation(busy: Sequence[tuple[float, float]], n_runners: int, started: float, ended: float) -> float:
+    """Share of `n_runners` runners' time in [`started`, `ended`] covered by the `busy` intervals
+    (each clipped to the window; a runner holds one attempt at a time, so the intervals of one
+    runner never overlap), at most 1."""
+    window = ended - started
+    if window <= 0 or n_runners <= 0:
+        return 0.0
+    covered = sum(max(0.0, min(b, ended) - max(a, started)) for a, b in busy)
+    return min(1.0, covered / (n_runners * window))
+
+
 class StepRollouts:
     """Rollouts of training and validation steps, tagged with `{"step", "split", "row"}` metadata."""
 
@@ -37,9 +48,10 @@ class StepRollouts:
         self.events = events
         self.reusable: dict[tuple[str, int], list[str]] = {}  # (split, step) -> a killed run's rollouts
 
-    async def resume_after(self, step: int) -> None:
-        """Reuse, not enqueue again, the rollouts a killed run had enqueued for steps after `step`."""
-        self.reusable = await self.enqueued_after(step)
+    async def resume_after(self, step: int, splits: Sequence[str] = tuple(MODES)) -> None:
+        """Reuse, not enqueue again, the rollouts a killed run had enqueued for steps after `step`
+        (of these splits)."""
+        self.reusable = await self.enqueued_after(step, splits)
 
     async def collect(
         self, step: int, split: str, *batch: Any, stage: str | None = None, **options: Any
@@ -57,10 +69,12 @@ class StepRollouts:
         finally:
             self.set_sampling(ids, None)
 
-    async def enqueued_after(self, step: int) -> dict[tuple[str, int], list[str]]:
+    async def enqueued_after(self, step: int, splits: Sequence[str] = tuple(MODES)) -> dict[tuple[str, int], list[str]]:
         """Rollouts a killed run had enqueued for steps after `step`, by (split, step), to reuse."""
         found: dict[tuple[str, int], list[str]] = {}
         for split, mode in MODES.items():
+            if split not in splits:
+                continue
             for rollout in await self.store.list_rollouts(mode=mode):
                 at = rollout.metadata.get("step")
                 if isinstance(at, int) and at > step and rollout.metadata.get("split") == split:
@@ -80,23 +94,27 @@ class StepRollouts:
         sampling: Mapping[str, Any] | None = None,
         resources_version: int | None = None,
         metadata: Mapping[str, Any] | None = None,
+        group_ids: Sequence[str] | None = None,
     ) -> list[str]:
         """`group_size` rollouts of each task (one GRPO group per task); returns their ids. With
         `resources_version` they run with that resource set (else the latest); `metadata` is added
-        to each rollout's."""
+        to each rollout's. `group_ids` name the groups (also kept as the `group` metadata; default
+        `{split}-s{step}-t{i}` for groups of more than one)."""
         runner = self.cfg.runner
+        names = list(group_ids) if group_ids is not None else [f"{split}-s{step}-t{i}" for i in range(len(tasks))]
+        extra = [{"group": name} if group_ids is not None else {} for name in names]
         rollouts = [
             Rollout(
                 task=Task(input=task),
                 mode=MODES[split],
-                group_id=f"{split}-s{step}-t{i}" if group_size > 1 else None,
+                group_id=name if group_size > 1 or group_ids is not None else None,
                 max_attempts=runner.max_attempts,
                 timeout_s=runner.timeout_s,
                 heartbeat_timeout_s=runner.heartbeat_timeout_s,
                 resources_version=resources_version,
-                metadata={**(metadata or {}), "step": step, "split": split, "row": row},
+                metadata={**(metadata or {}), **more, "step": step, "split": split, "row": row},
             )
-            for i, (task, row) in enumerate(zip(tasks, rows, strict=True))
+            for task, row, name, more in zip(tasks, rows, names, extra, strict=True)
             for _ in range(group_size)
         ]
         ids = [r.rollout_id for r in rollouts]
@@ -174,6 +192,18 @@ class StepRollouts:
                 out[f"rollouts/{status}"] = statuses.get(status, 0)
         await self._report_errors([r for r in ended if r.status.value in ("failed", "timeout")])
         return out
+
+    async def utilisation(self, ids: Sequence[str], started: float, ended: float) -> float:
+        """Share of the runners' wall time in [`started`, `ended`] (time.time()) spent on attempts
+        of these rollouts (`runner_utilisation`); 0 when no runner runs here."""
+        n = self.stack.n_runners
+        if n <= 0 or ended <= started or not ids:
+            return 0.0
+        spans = []
+        for rollout_id in dict.fromkeys(ids):
+            for attempt in await self.store.list_attempts(rollout_id):
+                spans.append((attempt.claimed_at, attempt.ended_at if attempt.ended_at is not None else ended))
+        return runner_utilisation(spans, n, started, ended)
 
     async def _tool_call_rate(self, ids: Sequence[str]) -> float:
         """Fraction of the rollouts whose latest attempt made at least one tool call."""

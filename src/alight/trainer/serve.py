@@ -29,6 +29,9 @@ def serve_store(
     max_body_bytes: int | None = None,
     watchdog_interval_s: float | None = 1.0,
     on_ready: Callable[[str], None] | None = None,
+    max_wait_s: float | None = None,  # how long /store/wait holds a request (default 300 s)
+    write_id_retention_s: float | None = None,  # the write ids the store keeps (default: WriteIdLimits)
+    max_write_ids: int | None = None,
     token: str | None = None,
     insecure: bool = False,
     agent_spans: bool = False,
@@ -39,11 +42,20 @@ def serve_store(
     write their own attempt's spans (alight.store.scopes)."""
     from alight.serving.app import DEFAULT_MAX_BODY_BYTES
     from alight.store.factory import StoreSpec, open_store
-    from alight.store.server import serve
+    from alight.store.server import check_max_wait, serve
+    from alight.store.wire import MAX_WAIT_S
+    from alight.store.write_ids import WriteIdLimits
 
     if not insecure:  # refuse before a SQLite file is made (the server warns about --insecure)
         check_bind(host, token, what="store server")
-    store = open_store(StoreSpec("sqlite", path=db) if db is not None else StoreSpec("memory"))
+    max_wait_s = check_max_wait(MAX_WAIT_S if max_wait_s is None else max_wait_s)
+    defaults = WriteIdLimits()
+    limits = WriteIdLimits(
+        retention_s=defaults.retention_s if write_id_retention_s is None else write_id_retention_s,
+        max_ids=defaults.max_ids if max_write_ids is None else max_write_ids,
+    )
+    spec = StoreSpec("sqlite", path=db) if db is not None else StoreSpec("memory")
+    store = open_store(spec, write_id_limits=limits)
     serve(
         store,
         host=host,
@@ -51,6 +63,7 @@ def serve_store(
         max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES,
         watchdog_interval_s=watchdog_interval_s,
         on_ready=on_ready,
+        max_wait_s=max_wait_s,
         token=token,
         insecure=insecure,
         agent_spans=agent_spans,

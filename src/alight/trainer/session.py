@@ -44,6 +44,7 @@ class Progress:
     step: int = 0
     saved_step: int = -1
     position: int = 0
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # a loop's own state, saved with each checkpoint
 
 
 class RunSession:

@@ -67,6 +67,10 @@ def runner_agent(agent: AgentConfig, *, check: bool = True) -> str | LitAgent:
         from alight.agent import load_agent
 
         load_agent(agent.entrypoint)
+    if agent.name is not None:  # the agent's spans carry this name, not the function's or class's
+        from alight.agent import NamedEntrypoint
+
+        return NamedEntrypoint(agent.entrypoint, agent.name)
     return agent.entrypoint
 
 
@@ -74,10 +78,13 @@ def runner_command(agent: str | LitAgent) -> str:
     """The `alight runner` options that run `agent` (as `runner_agent` returns it) on another machine."""
     import shlex
 
+    from alight.agent import NamedEntrypoint
     from alight.command_agent import CommandAgent
 
     if isinstance(agent, CommandAgent):
         return f"--command {shlex.quote(shlex.join(agent.command))} --name {shlex.quote(agent.name)}"
+    if isinstance(agent, NamedEntrypoint):
+        return f"--agent {shlex.quote(agent.entrypoint)} --name {shlex.quote(agent.name)}"
     return f"--agent {agent}"
 
 

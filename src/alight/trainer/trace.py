@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from alight.config.schema import AdapterConfig, AlgorithmConfig
 from alight.errors import ConfigError
-from alight.store.base import ALL_ATTEMPTS, Store
+from alight.store.base import LATEST_ATTEMPT, Store
 from alight.trainer.run_dir import STORE_FILE
 from alight.types import Attempt, Rollout, Span, SpanKind, Transition
 
@@ -61,7 +61,7 @@ def read_rollouts(target: str, *, limit: int = 50, otlp_path: Path | None = None
     async def read(store: Store) -> list[dict[str, Any]]:
         rows = await rollout_summaries(store, limit)
         if otlp_path is not None:
-            spans = [s for row in rows for s in await store.query_spans(row["rollout_id"], ALL_ATTEMPTS)]
+            spans = [s for row in rows for s in await store.query_spans(row["rollout_id"])]
             write_otlp(otlp_path, spans)
         return rows
 
@@ -78,7 +78,7 @@ def read_rollout(
         detail = RolloutDetail(
             rollout=await store.get_rollout(rollout_id),
             attempts=await store.list_attempts(rollout_id),
-            spans=await store.query_spans(rollout_id, ALL_ATTEMPTS if all_attempts else None),
+            spans=await store.query_spans(rollout_id, None if all_attempts else LATEST_ATTEMPT),
         )
         if otlp_path is not None:
             write_otlp(otlp_path, detail.spans)
@@ -130,7 +130,7 @@ async def rollout_summaries(store: Store, limit: int, offset: int = 0) -> list[d
     rollouts = await store.list_rollouts(limit=limit, offset=offset)
     rows = []
     for rollout in rollouts:
-        spans = await store.query_spans(rollout.rollout_id) if rollout.attempt_count else []
+        spans = await store.query_spans(rollout.rollout_id, LATEST_ATTEMPT) if rollout.attempt_count else []
         counts = {kind.value: sum(1 for s in spans if s.kind == kind) for kind in SpanKind}
         ends = [s.end_time for s in spans if s.end_time] + [rollout.ended_at or 0]
         rows.append(
@@ -155,7 +155,7 @@ async def group_spans(store: Store, rollout_id: str) -> tuple[Rollout, list[Roll
     if rollout.group_id is not None:
         members = await store.list_rollouts(group_id=rollout.group_id)
         group = [r for r in members if r.rollout_id == rollout_id or r.status.is_terminal]
-    spans = {r.rollout_id: await store.query_spans(r.rollout_id) for r in group if r.attempt_count}
+    spans = {r.rollout_id: await store.query_spans(r.rollout_id, LATEST_ATTEMPT) for r in group if r.attempt_count}
     return rollout, group, spans
 
 

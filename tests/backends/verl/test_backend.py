@@ -356,6 +356,53 @@ def test_rows_without_engine_log_probs_get_the_actors(tiny_dir: Path, models: An
     assert torch.equal(data["old_log_probs"][:6], batch.old_log_probs)
 
 
+def test_stale_rows_train_against_the_actors_proximal_log_probs_with_verls_is_weights(
+    tiny_dir: Path, models: Any, tmp_path: Path
+) -> None:
+    cfg = config(is_cap=1.5)
+    cfg.trainer.mode = "async"
+    backend, cluster = make(cfg, tiny_dir, models, tmp_path)
+    batch = batch_of(6)
+    proximal = forward_log_probs(models[0], batch)  # the actor before the update
+    mask = batch.response_mask.bool()
+    batch.old_log_probs[4] = (proximal[4] - 1.0) * batch.response_mask[4]  # w = e^1: over the cap
+    behaviour = batch.old_log_probs.clone()
+    batch.mark_stale({"ro-1", "ro-4"})
+    metrics = backend.update(batch)
+
+    assert cluster.calls == [("actor", "init_model"), ("actor", "compute_log_prob"), ("actor", "update_actor")]
+    assert len(cluster.actor.inputs["compute_log_prob"][0]) == 2  # the 2 stale rows (a multiple of the world)
+    (data,) = cluster.actor.inputs["update_actor"]
+    stale = torch.tensor([i in (1, 4) for i in range(6)])
+    anchor = torch.where(stale[:, None], proximal, behaviour)
+    torch.testing.assert_close(data["old_log_probs"][:6][mask], anchor[mask], atol=1e-5, rtol=1e-5)
+    weights = torch.where(stale[:, None], (proximal - behaviour).exp().clamp(max=1.5), torch.ones_like(proximal))
+    torch.testing.assert_close(data["rollout_is_weights"][:6][mask], weights[mask], atol=1e-5, rtol=1e-5)
+    assert metrics["actor/is_weight_mean"] == pytest.approx(float(weights[mask].mean()), abs=1e-5)
+    assert metrics["actor/is_capped_frac"] == pytest.approx(float(mask[4].sum() / mask.sum()))
+    assert "rollout_log_probs" not in data.keys()  # noqa: SIM118 - workers get only what the loss reads
+
+
+def test_a_batch_without_stale_rows_sends_the_workers_what_sync_mode_sends(
+    tiny_dir: Path, models: Any, tmp_path: Path
+) -> None:
+    sent = []
+    for mode in ("sync", "async"):
+        cfg = config()
+        cfg.trainer.mode = mode
+        backend, cluster = make(cfg, tiny_dir, models, tmp_path / mode)
+        metrics = backend.update(batch_of(5))
+        assert metrics["actor/is_weight_mean"] == 1.0 and metrics["actor/is_capped_frac"] == 0.0
+        assert cluster.calls == [("actor", "init_model"), ("actor", "update_actor")]
+        sent.append(cluster.actor.inputs["update_actor"][0])
+    sync, asyn = sent
+    assert sorted(sync.keys()) == sorted(asyn.keys()) and "rollout_is_weights" not in sync.keys()  # noqa: SIM118
+    for key in sync.keys():  # noqa: SIM118
+        if isinstance(sync[key], torch.Tensor):
+            ours, theirs = (t.values() if t.is_nested else t for t in (sync[key], asyn[key]))
+            assert torch.equal(ours, theirs), key
+
+
 def test_ppo_trains_the_critic_on_verls_gae(tiny_dir: Path, models: Any, tmp_path: Path) -> None:
     from verl.trainer.ppo.core_algos import compute_gae_advantage_return
     from verl.utils import tensordict_utils as tu

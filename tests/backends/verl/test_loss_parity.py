@@ -210,12 +210,10 @@ def test_the_whole_actor_loss_matches_verls_ppo_loss(mode: str) -> None:
     """verl's worker loss (`verl.workers.utils.losses.ppo_loss`, fed the no-padding batch its
     trainer builds from `to_data_proto`) equals the embedded backend's assembly: policy loss minus
     entropy_coef times entropy plus kl_coef times KL, each aggregated with the step's normaliser."""
-    from verl.utils import tensordict_utils as tu
     from verl.utils.config import omega_conf_to_dataclass
-    from verl.workers.utils.losses import ppo_loss
 
     from alight.algorithms.batch import TransitionBatch
-    from alight.backends.verl.batch import to_data_proto, to_no_padding
+    from alight.backends.verl.batch import to_data_proto
 
     from .conftest import PAD, mixed_transitions
 
@@ -233,28 +231,41 @@ def test_the_whole_actor_loss_matches_verls_ppo_loss(mode: str) -> None:
     entropy = torch.rand(shape, generator=g) * 3
     data = to_data_proto(batch)
     data.batch["ref_log_prob"] = ref
-    td = to_no_padding(data)
+    theirs, normaliser = verl_worker_loss(actor, data, batch, mode, log_probs, entropy)
     mask = batch.response_mask
-    tokens, rows = int(mask.sum()), len(batch)
-    tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=tokens, global_batch_size=rows)
-
-    def as_model_output(values: torch.Tensor) -> torch.Tensor:
-        # the model's output at position t is about token t + 1: response token k sits at p + k - 1
-        out = []
-        for i in range(rows):
-            p, r = int(batch.prompt_lengths[i]), int(batch.response_lengths[i])
-            row = torch.zeros(p + r)
-            row[p - 1 : p + r - 1] = values[i, :r]
-            out.append(row)
-        return torch.nested.as_nested_tensor(out, layout=torch.jagged)
-
-    output = {"log_probs": as_model_output(log_probs), "entropy": as_model_output(entropy)}
-    theirs, _ = ppo_loss(actor, output, td)
-
-    normaliser = float(tokens) if mode == "token_mean" else float(rows)
     pg, _, _ = losses.clipped_policy_loss(log_probs, batch.old_log_probs, batch.advantages, 0.2, 0.28)
     ours = losses.aggregate(pg, mask, mode, normaliser=normaliser)
     ours = ours - 0.02 * losses.aggregate(entropy, mask, mode, normaliser=normaliser)
     kl = losses.kl_penalty(log_probs, ref, "low_var_kl")
     ours = ours + 0.3 * losses.aggregate(kl, mask, mode, normaliser=normaliser)
     assert float(theirs) == pytest.approx(float(ours), abs=1e-5)
+
+
+def verl_worker_loss(
+    actor: Any, data: Any, batch: Any, mode: str, log_probs: torch.Tensor, entropy: torch.Tensor
+) -> tuple[torch.Tensor, float]:
+    """verl's worker loss (`ppo_loss`) on `data` in the layout its trainer hands over (the step's
+    token and row counts set), given the model's `log_probs` and `entropy` [B, R]; and the
+    normaliser alight's embedded backend uses for `mode` on the same step."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.losses import ppo_loss
+
+    from alight.backends.verl.batch import to_no_padding
+
+    td = to_no_padding(data)
+    tokens, rows = int(batch.response_mask.sum()), len(batch)
+    tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=tokens, global_batch_size=rows)
+    output = {"log_probs": as_model_output(batch, log_probs), "entropy": as_model_output(batch, entropy)}
+    loss, _ = ppo_loss(actor, output, td)
+    return loss, float(tokens) if mode == "token_mean" else float(rows)
+
+
+def as_model_output(batch: Any, values: torch.Tensor) -> torch.Tensor:
+    """[B, R] response values as verl's model output: jagged rows of each row's real tokens."""
+    out = []  # the model's output at position t is about token t + 1: response token k sits at p + k - 1
+    for i in range(len(batch)):
+        p, r = int(batch.prompt_lengths[i]), int(batch.response_lengths[i])
+        row = torch.zeros(p + r)
+        row[p - 1 : p + r - 1] = values[i, :r]
+        out.append(row)
+    return torch.nested.as_nested_tensor(out, layout=torch.jagged)

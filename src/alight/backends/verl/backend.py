@@ -4,7 +4,9 @@ alight's engine (vLLM behind alight's proxy) does the rollouts, so verl runs no 
 backend drives verl 0.9.1's model-engine workers (`workers.py`) the way verl's own PPO trainer
 does, step by step, on alight's `TransitionBatch` converted to verl's `DataProto`:
 
-1. rows recorded without the engine's log-probs get the actor's (`compute_log_prob`);
+1. rows recorded without the engine's log-probs get the actor's (`compute_log_prob`); stale rows
+   (async training) get the actor's as their proximal policy, and the update becomes decoupled
+   PPO with truncated importance weights (`correction`: verl's rollout correction);
 2. with a KL penalty, the reference's log-probs (`compute_ref_log_prob`; with LoRA, the actor
    with its adapters off, as verl does);
 3. PPO: the critic's values (`infer_batch`), advantages and returns by verl's
@@ -159,6 +161,10 @@ class VerlBackend(FactoryDefaults):
             raise ConfigError(
                 "verl.algorithm.use_kl_in_reward is not supported: alight's KL is the loss term algorithm.kl_coef"
             )
+        from alight.backends.verl import correction
+
+        if cfg.trainer.mode == "async":  # stale rows come only then; sync ignores the correction as before
+            correction.check(verl_config)
         self.use_ref = bool(need_reference_policy(verl_config))
         lora = actor.model.get("lora", {}) or {}
         self.ref_in_actor = int(lora.get("rank", 0) or actor.model.get("lora_rank", 0) or 0) > 0
@@ -218,10 +224,15 @@ class VerlBackend(FactoryDefaults):
 
     def update(self, batch: TransitionBatch) -> dict[str, float]:
         """One update on `batch` (see the module docstring for the steps); metrics in alight's names."""
+        from alight.backends.verl import correction
         from alight.backends.verl.batch import to_data_proto
 
         self._fill_old_log_probs(batch)
+        correction.proximal_log_probs(batch, self._actor_log_probs)
         data = to_data_proto(batch, temperature=self.temperature)
+        metrics = dict(correction.ON_POLICY_METRICS)
+        if batch.proximal_log_probs is not None:
+            metrics = correction.apply(data, batch.proximal_log_probs, self.verl_config)
         if self.use_ref:
             data.batch["ref_log_prob"] = self._log_probs(data, reference=True)
         if self.use_critic:
@@ -231,7 +242,6 @@ class VerlBackend(FactoryDefaults):
 
             data.batch["advantages"], data.batch["returns"] = verl_advantages(data, self.estimator, self.verl_config)
         mini, rows = self._update_layout(len(batch))
-        metrics: dict[str, float] = {}
         if self.use_critic:
             metrics.update(self._update_critic(data, mini, rows))
         metrics.update(self._update_actor(data, mini, rows))
@@ -279,15 +289,18 @@ class VerlBackend(FactoryDefaults):
     # -- the steps --------------------------------------------------------------------------------
     def _fill_old_log_probs(self, batch: TransitionBatch) -> None:
         """Rows recorded without the engine's log-probs get the actor's (before any update)."""
-        from alight.backends.verl.batch import to_data_proto
-
         missing = (~batch.has_old_log_probs).nonzero().flatten().tolist()
         if not missing:
             return
         part = batch.select(missing)
-        log_probs = self._log_probs(to_data_proto(part, temperature=self.temperature), reference=False)
-        batch.old_log_probs[missing, : part.response_length] = log_probs * part.response_mask
+        batch.old_log_probs[missing, : part.response_length] = self._actor_log_probs(part) * part.response_mask
         batch.has_old_log_probs[:] = True
+
+    def _actor_log_probs(self, batch: TransitionBatch) -> torch.Tensor:
+        """[B, R] the actor's log-probs of `batch`'s response tokens (its current weights)."""
+        from alight.backends.verl.batch import to_data_proto
+
+        return self._log_probs(to_data_proto(batch, temperature=self.temperature), reference=False)
 
     def _log_probs(self, data: DataProto, *, reference: bool) -> torch.Tensor:
         """[B, R] log-probs of the response tokens under the actor (or the reference)."""
@@ -338,7 +351,8 @@ class VerlBackend(FactoryDefaults):
         meta = update_meta(mini, int(actor.ppo_epochs), int(actor.data_loader_seed), bool(actor.shuffle))
         # entropy is always reported (as the embedded backend does); it joins the loss only with entropy_coeff
         meta.update(calculate_entropy=True, distillation_use_topk=False, distillation_only=False, compute_loss=True)
-        keys = (*SEQUENCE_KEYS, "old_log_probs", "advantages", *(("ref_log_prob",) if self.use_ref else ()))
+        optional = ("ref_log_prob", "rollout_is_weights")  # with a KL loss; with stale rows
+        keys = (*SEQUENCE_KEYS, "old_log_probs", "advantages", *(key for key in optional if key in data.batch))
         inputs = self._worker_input(data, keys, rows, meta, masked=True)
         metrics = alight_metrics(_wait(self.workers.actor.update_actor(inputs)), "actor/")
         metrics.setdefault("actor/kl", 0.0)

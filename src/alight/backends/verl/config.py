@@ -30,6 +30,8 @@ Mapping (`actor.` is `actor_rollout_ref.actor.`, `model.` is `actor_rollout_ref.
 | `algorithm.name` ppo | `critic.enable: true`, `algorithm.adv_estimator: gae` |
 | `algorithm.name` grpo, sft | `critic.enable: false`, `algorithm.adv_estimator: grpo` (4) |
 | `algorithm.norm_std` | `algorithm.norm_adv_by_std_in_grpo` (4) |
+| `trainer.mode` async, | `algorithm.rollout_correction`: `rollout_is: token`, `rollout_is_threshold: is_cap` |
+| `algorithm.is_cap` | (0: inf); sync leaves verl's default (none). Applied to stale rows only (`correction`) |
 | `algorithm.temperature` or | `actor_rollout_ref.rollout.temperature`: the log-prob temperature, 0 (greedy) |
 | `engine.sampling.temperature` | becomes 1 as in the embedded backend (`logprob_temperature`) |
 | `algorithm.lora` | `model.lora_rank` (0 when off), `model.lora_alpha`, `model.target_modules`, |
@@ -73,6 +75,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from alight.backends.verl import correction
 from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError
 
@@ -225,6 +228,7 @@ def alight_settings(cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path) -
             "adv_estimator": "gae" if ppo else "grpo",
             "norm_adv_by_std_in_grpo": bool(algo.norm_std),
             "use_kl_in_reward": False,
+            **({"rollout_correction": correction.settings(algo)} if trainer.mode == "async" else {}),
         },
         "trainer": {
             "n_gpus_per_node": trainer.n_gpus_per_node,

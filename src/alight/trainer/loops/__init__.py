@@ -3,6 +3,7 @@
 | loop | chosen by | file |
 | --- | --- | --- |
 | RL (GRPO, PPO, SFT on the agent's best rollouts) | `algorithm.name` grpo, ppo, sft | `rl.py` |
+| asynchronous RL (runners never wait for the update) | the same with `trainer.mode: async` | `async_rl.py` |
 | APO (prompt search, no weight changes) | `algorithm.name: apo` | `apo.py` |
 | fine-tuning from a stored run | `algorithm.name: sft` with `data.from_store` | `sft_store.py` |
 
@@ -28,6 +29,7 @@ Rows = list[dict[str, Any]]
 #: loop kind -> "module:class" (imported when chosen).
 LOOPS: dict[str, str] = {
     "rl": "alight.trainer.loops.rl:RLLoop",
+    "async_rl": "alight.trainer.loops.async_rl:AsyncRLLoop",
     "apo": "alight.trainer.loops.apo:ApoLoop",
     "sft_store": "alight.trainer.loops.sft_store:SFTStoreLoop",
 }
@@ -59,7 +61,7 @@ def loop_kind(cfg: ExperimentConfig) -> str:
         return "sft_store"
     if cfg.algorithm.name == "apo":
         return "apo"
-    return "rl"
+    return "async_rl" if cfg.trainer.mode == "async" else "rl"
 
 
 def make_loop(

@@ -76,7 +76,7 @@ class RLLoop:
         from alight.data import task_input
 
         cfg, t = self.cfg, self.cfg.trainer
-        started = time.monotonic()
+        started, wall_started = time.monotonic(), time.time()
         indices = sampler.next_batch()
         tasks = [task_input(self.train_rows[i], cfg.data.input_field) for i in indices]
         ended = await rollouts.collect(step, "train", tasks, indices, t.group_size)
@@ -116,6 +116,7 @@ class RLLoop:
             "transitions": len(batch) if batch is not None else 0,
             "response_length/mean": tokens / len(batch) if batch is not None else 0.0,
             **update,
+            "runners/utilisation": await rollouts.utilisation([r.rollout_id for r in ended], wall_started, time.time()),
             "timing/rollout_s": rollout_s,
             "timing/adapt_s": adapt_s,
             "timing/update_s": update_s,

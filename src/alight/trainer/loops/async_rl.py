@@ -1,0 +1,203 @@
+"""The asynchronous RL loop (`trainer.mode: async`): runners never wait for the update.
+
+Groups are fed to the runners continuously within the staleness bound (`alight.trainer.feeder`);
+each step takes `batch_size` complete groups as soon as they are there, adapts them, and updates
+while the next groups run; the engine then switches to the new weights between calls (calls in
+flight finish on the weights they started with; every LLM span records the version that served
+it). Rows served by older weights than those being updated are marked stale: the backend trains
+them with decoupled PPO and a truncated importance weight (`algorithm.is_cap`).
+
+`max_staleness: 0` is the synchronous algorithm: one batch outstanding at a time, every row fresh.
+
+Resuming: the checkpoint holds the feeder's state (batches drawn, groups outstanding, totals);
+groups enqueued after it are reused when their batch comes again (none is enqueued twice, none
+trained twice in the resumed run's lineage); attempts in flight when the run died are run again
+by the store, counted (`async/resume_in_flight`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from alight.trainer.feeder import Feeder, Group
+from alight.trainer.loops import LoopInput
+from alight.trainer.loops.common import execute, start_stack, step_info
+from alight.trainer.policy import Policy
+from alight.trainer.result import FitResult
+from alight.trainer.rollouts import StepRollouts
+from alight.trainer.session import RunSession
+from alight.trainer.validation import Schedule, Validator
+
+if TYPE_CHECKING:
+    from alight.algorithms.lightning import LightningRL
+    from alight.trainer.stack import LocalStack
+
+logger = logging.getLogger(__name__)
+
+STATE_KEY = "async"  # the feeder's state in a checkpoint's trainer state
+
+
+class AsyncRLLoop:
+    """One asynchronous RL run in `run_dir` (see the module docstring); `run()` does all of it."""
+
+    def __init__(self, run: LoopInput) -> None:
+        cfg = run.cfg
+        t = cfg.trainer
+        self.cfg = cfg
+        self.train_rows = run.train_rows
+        self.total_steps = t.steps or max(1, t.epochs * len(self.train_rows) // t.batch_size)
+        self.session = RunSession(cfg, run.run_dir, resume=run.resume, watchers=run.watchers)
+        self.policy = Policy(cfg, self.session)
+        self.policy.total_steps = self.total_steps
+        self.validator = Validator(run.val_rows, cfg.data.input_field, t)
+        self.feeder: Feeder | None = None
+        self.began = time.time()  # attempts claimed before and live then were in flight when a resumed run died
+
+    def run(self) -> FitResult:
+        session = self.session
+        with session:
+            checkpoint = session.resume_point() if session.resume else None
+            info = step_info(session, self.total_steps)
+            info.update(mode="async", max_staleness=self.cfg.trainer.max_staleness)
+            session.announce(info)
+            return execute(session, self.policy, lambda: self._train(checkpoint))
+
+    def _train(self, checkpoint: tuple[Path, dict[str, Any], Any] | None) -> None:
+        served = self.policy.prepare(checkpoint)
+        state = checkpoint[1].get(STATE_KEY) if checkpoint is not None else None
+        with start_stack(self.session, str(served), weights_version=self.session.progress.step) as stack:
+            schedule = Schedule(self.cfg.trainer, self.total_steps)
+            self.session.run_async(self._steps(stack, schedule, state))
+
+    async def _steps(self, stack: LocalStack, schedule: Schedule, state: dict[str, Any] | None) -> None:
+        from alight.algorithms.lightning import LightningRL
+        from alight.trainer.sampler import TaskSampler
+
+        cfg, t, session = self.cfg, self.cfg.trainer, self.session
+        progress = session.progress
+        rl = LightningRL.from_config(cfg.adapter, cfg.algorithm, tokenizer=self.policy.tokenizer)
+        store = stack.trainer_store()
+        try:
+            rollouts = StepRollouts(store, stack, cfg, session.events)
+            sampler = TaskSampler(len(self.train_rows), t.batch_size, t.seed, progress.position)
+            feeder = self.feeder = Feeder(
+                rollouts,
+                self.train_rows,
+                sampler,
+                batch_size=t.batch_size,
+                group_size=t.group_size,
+                max_staleness=t.max_staleness,
+                on_stale=t.on_stale,
+                state=state,
+            )
+            if session.resume:
+                await rollouts.resume_after(progress.step, ("val",))  # the feeder finds the train groups
+                await feeder.resume(self.began)
+            if progress.step == 0 and 0 not in session.logged_steps():
+                metrics: dict[str, Any] = {"step": 0, "weights_version": 0, **self.policy.warm_start_metrics}
+                if self.validator:
+                    metrics.update(await self.validator.run(rollouts, 0))
+                session.record(metrics)
+            while progress.step < schedule.total_steps and not session.stopping():
+                step = progress.step + 1
+                await feeder.top_up()  # the new version made room under the bound
+                try:
+                    metrics = await self._step(rollouts, feeder, rl, step)
+                finally:
+                    session.interrupt.updating = False
+                if self.validator and schedule.validates(step):
+                    metrics.update(await self.validator.unless_stopped(rollouts, step, session.stopping))
+                session.record(metrics)
+                if schedule.saves(step) or session.stopping():
+                    progress.extra[STATE_KEY] = feeder.state()
+                    self.policy.save()
+            await feeder.close()
+        finally:
+            await store.close()
+
+    async def _step(self, rollouts: StepRollouts, feeder: Feeder, rl: LightningRL, step: int) -> dict[str, Any]:
+        t = self.cfg.trainer
+        started, wall_started = time.monotonic(), time.time()
+        version = step - 1  # the weights being updated
+        before = dict(feeder.counts)
+        groups = await feeder.take(version, t.step_timeout_s, t.min_batch_fraction)
+        wait_s = time.monotonic() - started
+        logger.info("step %d trains groups %s", step, " ".join(f"{g.gid}@{g.staleness}" for g in groups))
+
+        clock = time.monotonic()
+        await rollouts.flush()
+        ids = [i for g in groups for i in g.ids]
+        ended = await rollouts.store.list_rollouts(ids=ids)
+        succeeded = [r.rollout_id for r in ended if r.status.value == "succeeded"]
+        pad_id = self.policy.pad_id
+        batch, stats = (await rl.batch_from_store(rollouts.store, succeeded, pad_id)) if succeeded else (None, None)
+        stale = {i for g in groups if g.staleness > 0 for i in g.ids}
+        if batch is not None:
+            batch.mark_stale(stale)
+        adapt_s = time.monotonic() - clock
+
+        clock = time.monotonic()
+        update: dict[str, float] = {}
+        self.session.interrupt.updating = True
+        if batch is None:
+            self.session.events.on_error(
+                f"step {step}: no transitions to train on (no succeeded rollout with an LLM call)"
+            )
+        else:
+            backend = self.policy.backend
+            assert backend is not None
+            if backend.colocated:  # the engine must sleep: calls wait for the update
+                update = await rollouts.offloaded(lambda: backend.update(batch))
+            else:  # the runners go on meanwhile
+                update = await asyncio.to_thread(backend.update, batch)
+            await rollouts.serve(backend.engine_weights(), step)
+        update_s = time.monotonic() - clock
+
+        summary = await rollouts.summarise(ended, "train")
+        tokens = float(batch.response_lengths.sum()) if batch is not None else 0.0
+        update_tokens = update.pop("actor/update_tokens", 0.0)
+        step_s = time.monotonic() - started
+        metrics: dict[str, Any] = {
+            "step": step,
+            "epoch": round(feeder.sampler.epoch, 3),
+            **summary,
+            "transitions": len(batch) if batch is not None else 0,
+            "response_length/mean": tokens / len(batch) if batch is not None else 0.0,
+            **update,
+            **self._staleness(groups, feeder, before),
+            "runners/utilisation": await rollouts.utilisation(
+                [*ids, *(i for g in feeder.outstanding.values() for i in g.ids)], wall_started, time.time()
+            ),
+            "timing/rollout_s": wait_s,
+            "timing/adapt_s": adapt_s,
+            "timing/update_s": update_s,
+            "throughput/rollouts_per_s": len(ended) / step_s if step_s > 0 else 0.0,
+            "throughput/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
+            "throughput/update_tokens_per_s": update_tokens / update_s if update_s > 0 else 0.0,
+            "weights_version": step if batch is not None else step - 1,
+        }
+        if stats is not None:
+            metrics["adapter/truncated"] = stats.prompts_truncated + stats.responses_truncated
+        metrics["timing/step_s"] = time.monotonic() - started
+        progress = self.session.progress
+        progress.step, progress.position = step, feeder.sampler.position
+        return metrics
+
+    def _staleness(self, groups: list[Group], feeder: Feeder, before: dict[str, int]) -> dict[str, Any]:
+        """The staleness histogram of the groups trained, and the dropped/requeued groups (this
+        step's and the run's totals)."""
+        counts = feeder.counts
+        out: dict[str, Any] = {
+            f"async/staleness_{k}": sum(1 for g in groups if g.staleness == k) for k in range(feeder.max_staleness + 1)
+        }
+        out["async/staleness_mean"] = sum(g.staleness for g in groups) / len(groups) if groups else 0.0
+        out["async/groups"] = len(groups)
+        out["async/outstanding_groups"] = len(feeder.outstanding)
+        for key in ("dropped", "requeued", "resume_in_flight"):
+            out[f"async/{key}"] = counts.get(key, 0) - before.get(key, 0)
+            out[f"async/{key}_total"] = counts.get(key, 0)
+        return out
