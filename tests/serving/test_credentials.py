@@ -362,3 +362,23 @@ def test_a_pool_started_with_a_runner_credential_claims_under_its_name(monkeypat
         results = asyncio.run(ended())
         assert [reward for reward, _ in results] == [1.0, 1.0]
         assert all(str(worker).startswith("host-b/") for _, worker in results), results
+
+
+@pytest.mark.anyio
+async def test_a_runner_credential_outlives_a_store_restart_with_the_same_token_only(tmp_path: Any) -> None:
+    from alight.store.sqlite import SqliteStore
+
+    with StoreServer(SqliteStore(tmp_path / "s.db"), token=TOKEN, watchdog_interval_s=None) as first:
+        async with StoreClient(first.url, token=TOKEN) as admin:
+            credential = await admin.register_runner("host.b")  # a name with a dot
+            await admin.enqueue([Rollout(task=Task(input=1))])
+    assert runner_name_of(credential) == "host.b"
+    with StoreServer(SqliteStore(tmp_path / "s.db"), token=TOKEN, watchdog_interval_s=None) as again:
+        async with StoreClient(again.url, token=credential) as runner:
+            claim = await runner.dequeue()
+            assert claim is not None and claim.attempt.worker_id == "host.b"
+        name, nonce, mac = credential.rsplit(".", 2)
+        for forged in (f"{name[:-1]}c.{nonce}.{mac}", f"{name}.{nonce}x.{mac}", f"alr.other.{nonce}.{mac}"):
+            assert httpx.get(f"{again.url}/store/counts", headers=bearer(forged)).status_code == 401
+    with StoreServer(SqliteStore(tmp_path / "s.db"), token=TOKEN + "-rotated", watchdog_interval_s=None) as rotated:
+        assert httpx.get(f"{rotated.url}/store/counts", headers=bearer(credential)).status_code == 401

@@ -1,19 +1,23 @@
 """The three kinds of credential a server with a token knows, and who holds what (`Grant`).
 
 - the **admin** token (the operator's `--token` / `ALIGHT_TOKEN`): everything;
-- a **runner credential** (`alr.<name>.<secret>`), minted by the store server for a runner that
+- a **runner credential** (`alr.<name>.<nonce>.<mac>`), minted by the store server for a runner that
   registers with the admin token: claims, heartbeats, finishes and span writes into the attempts
   that runner holds (claimed under its name, or under `<name>/<worker>` by its worker processes);
 - a **per-attempt agent key** (`ala.<secret>`), minted when a runner claims an attempt and handed
   to the agent as its LLM `api_key`: that attempt's proxy routes, and (where the store allows
   agents to write spans) that attempt's own span writes; refused once the attempt has ended.
 
-Secrets come from `secrets`; only their SHA-256 is kept, and a presented key is found by its hash
-(the admin token is compared with `hmac.compare_digest`). Nothing here logs or returns a stored key.
+Agent keys are random (`secrets`); only their SHA-256 is kept, and a presented key is found by its
+hash. A runner credential carries a random nonce and an HMAC-SHA256 of its name and nonce keyed by
+the token: nothing of it is stored, so it stays valid across restarts of a store with the same
+token (rotate the token to revoke every one). The token and the MACs are compared with
+`hmac.compare_digest`. Nothing here logs or returns a key.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import secrets
@@ -63,8 +67,15 @@ def runner_name_of(credential: str) -> str | None:
     """The runner name a runner credential carries (None for anything else)."""
     if not credential.startswith(RUNNER_PREFIX):
         return None
-    name, dot, _ = credential[len(RUNNER_PREFIX) :].rpartition(".")
-    return name if dot and name else None
+    name, nonce, _ = _runner_parts(credential)
+    return name if name and nonce else None
+
+
+def _runner_parts(credential: str) -> tuple[str, str, str]:
+    """(name, nonce, mac) of `alr.<name>.<nonce>.<mac>` (the name may hold dots; empty parts: not one)."""
+    head, _, mac = credential[len(RUNNER_PREFIX) :].rpartition(".")
+    name, _, nonce = head.rpartition(".")
+    return name, nonce, mac
 
 
 def check_runner_name(name: str) -> str:
@@ -81,15 +92,17 @@ class Credentials:
     def __init__(self, token: str, *, max_agent_keys: int = MAX_AGENT_KEYS) -> None:
         self._token = token.encode("utf-8", "surrogatepass")
         self._max_agent_keys = max_agent_keys
-        self._runners: dict[str, Grant] = {}
         self._agents: OrderedDict[str, Grant] = OrderedDict()
         self._agent_key_of: dict[str, str] = {}  # attempt id -> the digest of its key
 
     def mint_runner(self, name: str) -> str:
         """A new runner credential for `name` (earlier ones for that name stay valid)."""
-        secret = RUNNER_PREFIX + check_runner_name(name) + "." + secrets.token_urlsafe(_SECRET_BYTES)
-        self._runners[digest(secret)] = Grant("runner", name=name)
-        return secret
+        nonce = secrets.token_urlsafe(_SECRET_BYTES // 2)
+        return f"{RUNNER_PREFIX}{check_runner_name(name)}.{nonce}.{self._mac(name, nonce)}"
+
+    def _mac(self, name: str, nonce: str) -> str:
+        signed = hmac.new(self._token, f"alight-runner\0{name}\0{nonce}".encode("utf-8", "surrogatepass"), "sha256")
+        return base64.urlsafe_b64encode(signed.digest()).rstrip(b"=").decode()
 
     def mint_agent(self, rollout_id: str, attempt_id: str, *, spans: bool = False) -> str:
         """A new key for the agent of `attempt_id`; it replaces that attempt's earlier key."""
@@ -123,7 +136,13 @@ class Credentials:
         if secret.startswith(AGENT_PREFIX):
             return self._agents.get(digest(secret))
         if secret.startswith(RUNNER_PREFIX):
-            return self._runners.get(digest(secret))
+            name, nonce, mac = _runner_parts(secret)
+            if (
+                name
+                and nonce
+                and hmac.compare_digest(mac.encode("utf-8", "surrogatepass"), self._mac(name, nonce).encode())
+            ):
+                return Grant("runner", name=name)
         return None
 
     @property
