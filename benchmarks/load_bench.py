@@ -21,12 +21,17 @@ Metrics (case `<clients>_clients`):
   server_peak_rss_mb     its peak (VmHWM)
 
 Tokens: `--token T` starts the server with `ALIGHT_TOKEN=T` (what `alight store --token` reads) and
-gives every client `token=T`; each runner also gives its `runner_id` where `StoreClient` takes one
-(runner scopes). Until the store's authentication lands, both are detected (`inspect` on
-`StoreClient` and on the `alight store` command); where either lacks a `token` parameter, `--token`
-stops with a one-line message.
+gives every client `token=T` (the admin token, shared); each runner also gives its `runner_id`.
 
-Usage: python benchmarks/load_bench.py [--json] [--seconds 60] [--clients 64] [--processes 4] [--token T]
+Per-attempt keys: `--keys T` measures two cases in one run, on the same machine one after the
+other: `<clients>_clients_shared_token` (as `--token T`) and `<clients>_clients_per_attempt_keys`,
+where the server runs with `--agent-spans`, each runner registers its own runner credential
+(`POST /store/runners`) and claims, starts, heartbeats and finishes with it, and the 3 span writes
+of each cycle go with the attempt's agent key, as an agent posting its own spans would (one
+connection pool per runner, its bearer swapped per attempt: the key check is measured, not
+connection set-up). A row `overhead_ratio` gives keys / shared requests per second.
+
+Usage: python benchmarks/load_bench.py [--json] [--seconds 60] [--clients 64] [--processes 4] [--token T | --keys T]
 """
 
 from __future__ import annotations
@@ -83,8 +88,11 @@ def _spans(rollout_id: str, attempt_id: str) -> list[Span]:
 class _Runner:
     """One runner client: its own StoreClient; times every request it makes."""
 
-    def __init__(self, store: Store, worker_id: str, latencies: array[float], errors: list[str]) -> None:
+    def __init__(
+        self, store: Store, worker_id: str, latencies: array[float], errors: list[str], agent: Any = None
+    ) -> None:
         self.store, self.worker_id, self.latencies, self.errors = store, worker_id, latencies, errors
+        self.agent = agent  # with per-attempt keys: the client the agent's span writes go through
         self.cycles = 0
 
     async def timed(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -104,6 +112,8 @@ class _Runner:
                     await self.cycle()
                 except Exception:  # counted in `timed`; a runner keeps going, as the real one does
                     await asyncio.sleep(IDLE_S)
+        if self.agent is not None:
+            await self.agent.close()
 
     async def cycle(self) -> None:
         store = self.store
@@ -112,11 +122,16 @@ class _Runner:
             await asyncio.sleep(IDLE_S)
             return
         rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
+        writer = store
+        if self.agent is not None:
+            assert claim.agent_key, "the store minted no agent key (is its token set?)"
+            self.agent._headers["Authorization"] = f"Bearer {claim.agent_key}"
+            writer = self.agent
         await self.timed(store.get_latest_resources)
         await self.timed(lambda: store.start_attempt(aid))
         await self.timed(lambda: store.heartbeat(aid))
         for _ in range(SPAN_CALLS):
-            await self.timed(lambda: store.add_spans(_spans(rid, aid)))
+            await self.timed(lambda: writer.add_spans(_spans(rid, aid)))
         await self.timed(lambda: store.heartbeat(aid))
         await self.timed(lambda: store.finish_attempt(aid, AttemptStatus.SUCCEEDED, reward=1.0))
         self.cycles += 1
@@ -131,10 +146,18 @@ def _client(url: str, token: str | None, runner_id: str | None = None) -> Store:
     return StoreClient(url, **{k: v for k, v in options.items() if v is not None and k in takes})
 
 
-def _client_process(url: str, token: str | None, names: list[str], seconds: float, barrier: Any, out: Any) -> None:
+def _client_process(
+    url: str, token: str | None, names: list[str], seconds: float, barrier: Any, out: Any, keys: bool = False
+) -> None:
     latencies: array[float] = array("d")
     errors: list[str] = []
-    runners = [_Runner(_client(url, token, name), name, latencies, errors) for name in names]
+    if keys:
+        runners = [
+            _Runner(_client(url, credential), name, latencies, errors, agent=_client(url, "unset"))
+            for name, credential in asyncio.run(_register(url, token, names))
+        ]
+    else:
+        runners = [_Runner(_client(url, token, name), name, latencies, errors) for name in names]
     barrier.wait()
 
     async def run() -> None:
@@ -143,6 +166,14 @@ def _client_process(url: str, token: str | None, names: list[str], seconds: floa
 
     asyncio.run(run())
     out.put((latencies.tobytes(), errors[:5], len(errors), sum(r.cycles for r in runners)))
+
+
+async def _register(url: str, token: str | None, names: list[str]) -> list[tuple[str, str]]:
+    """(name, runner credential) for each runner: what a pool does once at start (not timed)."""
+    from alight.store.client import StoreClient
+
+    async with StoreClient(url, token=token) as admin:
+        return [(name, await admin.register_runner(name)) for name in names]
 
 
 async def _feed(url: str, token: str | None, clients: int, until: float) -> None:
@@ -172,13 +203,14 @@ def _check_token_support() -> None:
         raise SystemExit("--token: this alight's `alight store` takes no --token yet (authentication has not landed)")
 
 
-def _start_server(db: Path, token: str | None) -> tuple[subprocess.Popen[bytes], str]:
+def _start_server(db: Path, token: str | None, agent_spans: bool = False) -> tuple[subprocess.Popen[bytes], str]:
     import httpx
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
     command = [sys.executable, "-m", "alight", "store", "--db", str(db), "--port", str(port)]
+    command += ["--agent-spans"] if agent_spans else []
     env = dict(os.environ)
     env.pop("ALIGHT_TOKEN", None)
     if token is not None:
@@ -198,15 +230,18 @@ def _start_server(db: Path, token: str | None) -> tuple[subprocess.Popen[bytes],
         time.sleep(0.1)
 
 
-def measure(seconds: float, clients: int, processes: int, token: str | None, workdir: Path) -> list[dict[str, Any]]:
-    server, url = _start_server(workdir / "store.db", token)
+def measure(
+    seconds: float, clients: int, processes: int, token: str | None, workdir: Path, keys: bool = False, case: str = ""
+) -> list[dict[str, Any]]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    server, url = _start_server(workdir / "store.db", token, agent_spans=keys)
     try:
         ctx = mp.get_context("spawn")
         processes = max(1, min(processes, clients))
         barrier, out = ctx.Barrier(processes + 1), ctx.Queue()
         names = [f"runner-{i}" for i in range(clients)]
         procs = [
-            ctx.Process(target=_client_process, args=(url, token, names[i::processes], seconds, barrier, out))
+            ctx.Process(target=_client_process, args=(url, token, names[i::processes], seconds, barrier, out, keys))
             for i in range(processes)
         ]
         for proc in procs:
@@ -232,7 +267,7 @@ def measure(seconds: float, clients: int, processes: int, token: str | None, wor
     for message in {m for report in reports for m in report[1]}:
         print(f"error: {message}", file=sys.stderr)
     cuts = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
-    case = f"{clients}_clients"
+    case = f"{clients}_clients{case}"
     values = {
         "requests_per_s": len(latencies) / elapsed,
         "p50_ms": cuts[49] * 1000,
@@ -245,6 +280,10 @@ def measure(seconds: float, clients: int, processes: int, token: str | None, wor
     return [{"case": case, "metric": metric, "value": round(value, 2)} for metric, value in values.items()]
 
 
+def _value(rows: list[dict[str, Any]], metric: str) -> float:
+    return float(next(row["value"] for row in rows if row["metric"] == metric))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object, nothing else")
@@ -252,11 +291,29 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64, help="concurrent runner clients")
     parser.add_argument("--processes", type=int, default=4, help="client processes the runners are spread over")
     parser.add_argument("--token", default=None, help="the store's token (server and clients); see above")
+    parser.add_argument("--keys", default=None, metavar="T", help="shared token T vs per-attempt keys; see above")
     args = parser.parse_args()
     if args.token is not None:
         _check_token_support()
     with tempfile.TemporaryDirectory(prefix="alight-load-bench-") as tmp:
-        results = measure(args.seconds, args.clients, args.processes, args.token, Path(tmp))
+        if args.keys is None:
+            results = measure(args.seconds, args.clients, args.processes, args.token, Path(tmp))
+        else:
+            shared = measure(
+                args.seconds, args.clients, args.processes, args.keys, Path(tmp) / "a", case="_shared_token"
+            )
+            keyed = measure(
+                args.seconds,
+                args.clients,
+                args.processes,
+                args.keys,
+                Path(tmp) / "b",
+                keys=True,
+                case="_per_attempt_keys",
+            )
+            ratio = _value(keyed, "requests_per_s") / _value(shared, "requests_per_s")
+            case = f"{args.clients}_clients_per_attempt_keys"
+            results = [*shared, *keyed, {"case": case, "metric": "overhead_ratio", "value": round(ratio, 3)}]
     title = f"{args.clients} runner clients in {args.processes} processes, {args.seconds:g} s, one store server"
     emit("load", results, as_json=args.json, title=title, digits=2)
 

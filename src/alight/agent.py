@@ -55,10 +55,16 @@ def attempt_base_url(endpoint: str, rollout_id: str, attempt_id: str) -> str:
 
 
 def bind_resources(
-    resource_set: ResourceSet | None, rollout_id: str, attempt_id: str, *, api_key: str | None = None
+    resource_set: ResourceSet | None,
+    rollout_id: str,
+    attempt_id: str,
+    *,
+    api_key: str | None = None,
+    agent_key: str | None = None,
 ) -> dict[str, Any]:
     """Resources as the agent gets them: each `LLMResource` becomes an `LLM` bound to the attempt,
-    its `api_key` the resource's, else `api_key` (the run's token, which the proxy checks)."""
+    its `api_key` the attempt's `agent_key` (minted by a store server with a token, which the proxy
+    checks), else the resource's, else `api_key`."""
     if resource_set is None:
         return {}
     bound: dict[str, Any] = {}
@@ -67,7 +73,7 @@ def bind_resources(
             bound[name] = LLM(
                 model=resource.model,
                 base_url=attempt_base_url(resource.endpoint, rollout_id, attempt_id),
-                api_key=resource.api_key or api_key or "alight",
+                api_key=agent_key or resource.api_key or api_key or "alight",
                 sampling_parameters=dict(resource.sampling_parameters),
             )
         else:

@@ -21,9 +21,11 @@ The base URL names the agent and its AGENT span in its path, so the program's LL
 the agent span with the agent's name although it sends no alight header. The reward is what the
 program wrote to `ALIGHT_REWARD_FILE` (a number or `{"reward": x}`), else the last line of its
 stdout that is a number or a JSON object with a "reward"; with neither, the last of the reward
-spans the program posted to the store itself (`POST {ALIGHT_STORE_URL}/store/spans`, with the
-store's token as bearer when it has one; numbered as they arrive, so intermediate rewards keep
-their place among the LLM calls), as for a Python agent that emits its rewards. A non-zero exit
+spans the program posted to the store itself (`POST {ALIGHT_STORE_URL}/store/spans`; when the
+store has a token, with its attempt's key `OPENAI_API_KEY` as bearer, which the store accepts only
+with `runner.agent_spans`; numbered as they arrive, so intermediate rewards keep their place among
+the LLM calls), as for a Python agent that emits its rewards. The program never gets the runner's
+own credentials (`ALIGHT_TOKEN`, `ALIGHT_RUNNER_CREDENTIAL`). A non-zero exit
 fails the attempt with the end of the program's stderr; when the attempt times out or is
 cancelled, the program and everything it started in its session are killed.
 """
@@ -53,6 +55,8 @@ from alight.types import Attempt, Rollout, SpanKind
 
 logger = logging.getLogger(__name__)
 
+#: Variables of the runner's environment a program never gets: the admin token, a runner credential.
+RUNNER_SECRETS = frozenset({"ALIGHT_TOKEN", "ALIGHT_RUNNER_CREDENTIAL"})
 #: How much of the end of a failed program's stderr the attempt's error keeps.
 STDERR_TAIL_BYTES = 2048
 #: Longest stdout line read as a possible reward; longer lines are skipped.
@@ -85,7 +89,8 @@ class CommandAgent(LitAgent):
             task_file = Path(folder) / "task.json"
             task_file.write_text(task_json)
             reward_file = Path(folder) / "reward"
-            env = {**os.environ, **self.environment(llm, rollout.rollout_id, attempt_id)}
+            env = {k: v for k, v in os.environ.items() if k not in RUNNER_SECRETS}  # the runner's own keys stay
+            env.update(self.environment(llm, rollout.rollout_id, attempt_id))
             env.update(ALIGHT_TASK_FILE=str(task_file), ALIGHT_REWARD_FILE=str(reward_file))
             code, stdout_reward, stderr_tail = await self._run(env, task_json.encode() + b"\n")
             if code != 0:

@@ -176,6 +176,8 @@ class Claim(_Model):
 
     rollout: Rollout
     attempt: Attempt
+    # The attempt's agent key, when the store server that answered has a token (alight.serving.credentials).
+    agent_key: str | None = Field(default=None, repr=False)
 
 
 class Span(_Model):

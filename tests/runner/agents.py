@@ -72,6 +72,17 @@ async def api_key_check(task: Any, llm: Any) -> float:
 
 
 @rollout
+async def agent_key_check(task: Any, llm: Any) -> float:
+    """1.0 when the LLM carries an agent key (not the token the task names) and no secret of the
+    runner is in this process's environment."""
+    import os
+
+    secrets = {name: os.environ.get(name) for name in ("ALIGHT_TOKEN", "ALIGHT_RUNNER_CREDENTIAL")}
+    clean = not any(secrets.values()) and task["api_key"] not in os.environ.values()
+    return 1.0 if clean and llm.api_key.startswith("ala.") and llm.api_key != task["api_key"] else 0.0
+
+
+@rollout
 async def llm_then_block(task: dict[str, Any], llm: Any, attempt: Attempt) -> float:
     """One LLM call through the proxy and an emitted reward; on the attempts `task["block_on"]`
     names it then writes its attempt id to `task["started"]` and waits for `task["release"]` to

@@ -349,3 +349,33 @@ def test_an_actor_that_stops_answering_is_killed_and_replaced_before_its_attempt
     assert first.status is AttemptStatus.TIMEOUT and "answered nothing" in (first.error or ""), first
     assert second.status is AttemptStatus.SUCCEEDED and rollout.reward == 0.5
     assert (stats.workers_killed, stats.workers_restarted) == (1, 1)
+
+
+def test_a_ray_pool_with_the_token_registers_and_its_actors_agents_get_attempt_keys(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """With a token the pool registers a runner credential; its actors claim under that name and
+    their agents hold their attempt's key, never the token (tests/runner/agents.py:agent_key_check)."""
+    from alight.store.server import StoreServer
+    from alight.store.sqlite import SqliteStore
+
+    token = "tok-ray-5e2a"
+    with StoreServer(SqliteStore(tmp_path / "store.db"), token=token, watchdog_interval_s=0.5) as server:
+
+        async def enqueue() -> list[str]:
+            async with StoreClient(server.url, token=token) as admin:
+                await admin.add_resources({"llm": LLMResource(endpoint="http://127.0.0.1:1", model="m")})
+                return [r.rollout_id for r in await admin.enqueue([Rollout(task=Task(input={"api_key": token}))])]
+
+        ids = asyncio.run(enqueue())
+        with _ray_pool(server.url, "agent_key_check", n=1, token=token) as pool:
+
+            async def ended() -> tuple[Rollout, list[Attempt]]:
+                async with StoreClient(server.url, token=token) as admin:
+                    [rollout] = await admin.wait_for_rollouts(ids, timeout=60)
+                    return rollout, await admin.list_attempts(ids[0])
+
+            rollout, attempts = asyncio.run(ended())
+            assert pool.wait_for_idle(timeout_s=30)
+    assert (rollout.status, rollout.reward) == (RolloutStatus.SUCCEEDED, 1.0)
+    assert str(attempts[0].worker_id).startswith(f"{pool.pool_id}/")

@@ -199,12 +199,19 @@ class Report:
         return sum(n for status, n in self.statuses.items() if status >= 500)
 
 
-def fuzz(base_url: str, known_ids: list[str], *, max_examples: int) -> Report:
+def fuzz(base_url: str, known_ids: list[str], *, max_examples: int, credentials: list[str] | None = None) -> Report:
     """Send `max_examples` generated requests (derandomized: the same ones every run) to the
-    server at `base_url`, every operation of its `/openapi.json`."""
+    server at `base_url`, every operation of its `/openapi.json`, each with one of `credentials`
+    as its bearer (none: no Authorization header; the document is read with the first)."""
+    keys: list[str | None] = list(credentials) if credentials else [None]
     report = Report()
     with httpx.Client(base_url=base_url, timeout=60) as client:
-        document = client.get("/openapi.json").raise_for_status().json()
+        auth = {"Authorization": f"Bearer {keys[0]}"} if keys[0] else {}
+        document = client.get("/openapi.json", headers=auth).raise_for_status().json()
+
+        # Without credentials, the very requests of earlier runs (a second strategy would change them).
+        signed = st.tuples(calls(document, known_ids), st.sampled_from(keys)) if credentials else None
+        plain = calls(document, known_ids).map(lambda call: (call, None))
 
         @settings(
             max_examples=max_examples,
@@ -213,16 +220,19 @@ def fuzz(base_url: str, known_ids: list[str], *, max_examples: int) -> Report:
             derandomize=True,
             suppress_health_check=list(HealthCheck),
         )
-        @given(calls(document, known_ids))
-        def send(call: Call) -> None:
+        @given(signed if signed is not None else plain)
+        def send(sent: tuple[Call, str | None]) -> None:
+            call, key = sent
             headers = {"content-type": "application/json"} if call.body is not None else {}
+            if key is not None:
+                headers["Authorization"] = f"Bearer {key}"
             answer = client.request(
                 call.method, call.path, params=call.query or None, content=call.body, headers=headers
             )
             report.statuses[answer.status_code] += 1
             if answer.status_code >= 500:
-                sent = f"{call.method} {call.path} {call.query} {call.body!r:.300}"
-                report.failures.append(f"{sent} -> {answer.text:.300}")
+                request = f"{call.method} {call.path} {call.query} {call.body!r:.300}"
+                report.failures.append(f"{request} -> {answer.text:.300}")
 
         send()
     return report

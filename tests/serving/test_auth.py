@@ -136,12 +136,18 @@ async def test_store_client_reads_the_token_from_alight_token(
 
 
 @pytest.mark.anyio
-async def test_a_runner_cannot_write_into_another_runners_attempt(store_server: StoreServer) -> None:
-    url = local(store_server.url)
+async def test_without_a_token_a_runner_named_in_its_header_cannot_write_into_another_runners_attempt() -> None:
+    """On loopback without a token, as before credentials: X-Alight-Runner scopes a runner's writes
+    (with a token the name comes from the runner's credential: tests/serving/test_credentials.py)."""
+    with StoreServer(MemoryStore(), watchdog_interval_s=None) as server:
+        await _header_scopes(server.url)
+
+
+async def _header_scopes(url: str) -> None:
     async with (
-        StoreClient(url, token=TOKEN) as trainer,
-        StoreClient(url, token=TOKEN, runner_id="alice") as alice,
-        StoreClient(url, token=TOKEN, runner_id="mallory") as mallory,
+        StoreClient(url, token="") as trainer,
+        StoreClient(url, token="", runner_id="alice") as alice,
+        StoreClient(url, token="", runner_id="mallory") as mallory,
     ):
         [rollout] = await trainer.enqueue([Rollout(task=Task(input="q"))])
         claim = await alice.dequeue("alice")
@@ -161,7 +167,7 @@ async def test_a_runner_cannot_write_into_another_runners_attempt(store_server: 
         answer = httpx.post(
             f"{url}/store/spans",
             json={"spans": [forged.model_dump(mode="json")]},
-            headers={"Authorization": f"Bearer {TOKEN}", "X-Alight-Runner": "mallory"},
+            headers={"X-Alight-Runner": "mallory"},
         )
         assert answer.status_code == 403 and answer.json()["error"]["code"] == "forbidden"
         assert await trainer.query_spans(rollout.rollout_id) == []  # nothing was written
@@ -196,21 +202,27 @@ async def test_api_keys_are_returned_to_authenticated_readers_only() -> None:
             assert "sk-upstream" not in httpx.get(f"{server.url}/store/resources/latest").text
 
 
-def test_runners_hand_the_token_to_agents_as_the_llm_api_key() -> None:
+def test_runners_hand_agents_their_attempts_key_as_the_llm_api_key() -> None:
     from alight.types import ResourceSet
 
     resources = ResourceSet(
-        version=1, resources={"llm": LLMResource(endpoint="http://proxy", model="m")}, created_at=0.0
+        version=1, resources={"llm": LLMResource(endpoint="http://proxy", model="m", api_key="sk-x")}, created_at=0.0
     )
-    assert bind_resources(resources, "ro", "at", api_key=TOKEN)["llm"].api_key == TOKEN
-    assert bind_resources(resources, "ro", "at")["llm"].api_key == "alight"
+    assert bind_resources(resources, "ro", "at", agent_key="ala.k")["llm"].api_key == "ala.k"
+    assert bind_resources(resources, "ro", "at", api_key="other")["llm"].api_key == "sk-x"
+    plain = ResourceSet(version=1, resources={"llm": LLMResource(endpoint="http://proxy", model="m")}, created_at=0.0)
+    assert bind_resources(plain, "ro", "at")["llm"].api_key == "alight"
 
 
-def test_a_runner_pool_with_the_token_works_and_never_logs_it(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_runner_pool_with_the_token_works_and_never_logs_it(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool registers with the token; its workers drop it and their agents get their attempt's key."""
     from alight.runner.pool import RunnerPool
 
     caplog.set_level(logging.DEBUG)
-    agent = "tests/runner/agents.py:api_key_check"
+    monkeypatch.setenv("ALIGHT_TOKEN", TOKEN)  # the pool reads it; its workers must not keep it
+    agent = "tests/runner/agents.py:agent_key_check"
     with StoreServer(MemoryStore(), host=ANY, token=TOKEN, watchdog_interval_s=0.5) as server:
         url = local(server.url)
 
@@ -221,7 +233,7 @@ def test_a_runner_pool_with_the_token_works_and_never_logs_it(caplog: pytest.Log
                 return [r.rollout_id for r in await store.enqueue(rollouts)]
 
         ids = asyncio.run(publish_and_enqueue())
-        with RunnerPool(agent, url, n_runners=1, instrument=False, token=TOKEN) as pool:
+        with RunnerPool(agent, url, n_runners=1, instrument=False) as pool:
             assert pool.wait_for_idle(timeout_s=60)
 
         async def rewards() -> list[float | None]:

@@ -20,6 +20,8 @@ from tests.serving.schema_fuzz import fuzz
 
 STORE_EXAMPLES = 1000
 PROXY_EXAMPLES = 600
+AUTH_EXAMPLES = 400
+TOKEN = "tok-fuzz-0b8e"
 
 
 @pytest.fixture
@@ -54,6 +56,36 @@ def test_fuzzing_the_store_gets_no_5xx(store_server: StoreServer) -> None:
     assert httpx.get(f"{store_server.url}/health").json() == {"status": "ok"}
 
 
+def test_fuzzing_the_store_with_every_kind_of_credential_gets_no_5xx(tmp_path: Path) -> None:
+    """The auth paths: the token, a runner credential, a live and an ended agent key, a forged
+    one, an empty one, each on every route (the credential routes included)."""
+    with StoreServer(
+        SqliteStore(tmp_path / "auth.db"), watchdog_interval_s=None, max_wait_s=0.1, token=TOKEN
+    ) as server:
+        keys, ids = seeded_credentials(server.url)
+        report = fuzz(server.url, ids, max_examples=AUTH_EXAMPLES, credentials=[TOKEN, *keys])
+        print(f"store auth fuzz: {report.sent} requests, statuses {dict(sorted(report.statuses.items()))}")
+        assert report.server_errors == 0, report.failures[:5]
+        assert {200, 401, 403} <= set(report.statuses)
+        assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+
+
+def seeded_credentials(url: str) -> tuple[list[str], list[str]]:
+    """Credentials of every kind on a store with a token, and the ids they reach."""
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=url, headers=admin) as http:
+        runner = http.post("/store/runners", json={"name": "fuzz"}).json()["credential"]
+        http.post("/store/enqueue", json={"rollouts": [{"task": {"input": i}} for i in range(3)]})
+        as_runner = {"Authorization": f"Bearer {runner}"}
+        live = http.post("/store/dequeue", json={}, headers=as_runner).json()
+        ended = http.post("/store/dequeue", json={}, headers=as_runner).json()
+        finish = {"status": "failed"}
+        http.post(f"/store/attempts/{ended['attempt']['attempt_id']}/finish", json=finish, headers=as_runner)
+    keys = [runner, live["agent_key"], ended["agent_key"], live["agent_key"][:-1] + "A", "alr.fuzz.forged", "-"]
+    ids = [live["rollout"]["rollout_id"], live["attempt"]["attempt_id"], ended["attempt"]["attempt_id"], "1", "fuzz"]
+    return keys, ids
+
+
 @pytest.fixture(scope="module")
 def proxy_server(tiny_dir: Path) -> Iterator[ProxyServer]:
     from alight.engines.embedded import EmbeddedEngine
@@ -78,3 +110,20 @@ def test_fuzzing_the_proxy_gets_no_5xx(proxy_server: ProxyServer) -> None:
     assert report.server_errors == 0, report.failures[:5]
     assert report.sent >= PROXY_EXAMPLES // 2
     assert httpx.get(f"{proxy_server.url}/health").json()["status"] == "ok"
+
+
+def test_fuzzing_the_proxy_with_every_kind_of_credential_gets_no_5xx() -> None:
+    """The proxy checks agent keys with the store (scripted engine: the auth paths are the point)."""
+    from alight.store.client import StoreClient
+    from tests.proxy.scripted import ScriptedEngine
+
+    with StoreServer(MemoryStore(), watchdog_interval_s=None, token=TOKEN) as store:
+        keys, ids = seeded_credentials(store.url)
+        proxy_store = StoreClient(store.url, token=TOKEN)
+        proxy = Proxy(ScriptedEngine(), proxy_store)
+        with ProxyServer(proxy, token=TOKEN, admin=True, resolve=proxy_store.check_credential) as server:
+            report = fuzz(server.url, [*ids, "scripted"], max_examples=AUTH_EXAMPLES, credentials=[TOKEN, *keys])
+            print(f"proxy auth fuzz: {report.sent} requests, statuses {dict(sorted(report.statuses.items()))}")
+            assert report.server_errors == 0, report.failures[:5]
+            assert {200, 401, 403} <= set(report.statuses)
+            assert httpx.get(f"{server.url}/health").json()["status"] == "ok"

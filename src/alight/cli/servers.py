@@ -19,6 +19,17 @@ _Token = Annotated[
         help="Bearer token clients must send (default: the ALIGHT_TOKEN variable, which keeps it out of ps).",
     ),
 ]
+# A runner's: a runner credential minted by the store (least privilege), else the run's token.
+_RunnerToken = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar=["ALIGHT_RUNNER_CREDENTIAL", "ALIGHT_TOKEN"],
+        show_default=False,
+        help="A runner credential (alr.…, from POST /store/runners) or the store's token, with which the runners"
+        " register for one (default: ALIGHT_RUNNER_CREDENTIAL, else ALIGHT_TOKEN).",
+    ),
+]
 _Insecure = Annotated[
     bool,
     typer.Option("--insecure", help="Serve beyond 127.0.0.1 with no token: anyone who reaches the port can use it."),
@@ -49,6 +60,9 @@ def store(
     ] = 100_000,
     token: _Token = None,
     insecure: _Insecure = False,
+    agent_spans: Annotated[
+        bool, typer.Option(help="With a token: agents may post their own attempt's spans (rewards) with their key.")
+    ] = False,
 ) -> None:
     """Run a standalone store server, for runners on other machines."""
     from alight.trainer.serve import serve_store
@@ -70,6 +84,7 @@ def store(
         max_write_ids=max_write_ids,
         token=token or None,
         insecure=insecure,
+        agent_spans=agent_spans,
     )
 
 
@@ -148,7 +163,7 @@ def runner(
     drain_timeout: Annotated[
         float, typer.Option(min=0.0, help="Seconds runners get to finish their attempts on Ctrl-C.")
     ] = 30.0,
-    token: _Token = None,
+    token: _RunnerToken = None,
     backend: Annotated[str, typer.Option(help="local (worker processes) or ray (Ray actors).")] = "local",
     ray_address: Annotated[
         str | None,

@@ -104,6 +104,7 @@ class RunnerConfig:
     heartbeat_timeout_s: float = 60.0  # silence after which an attempt counts as timed out
     tracer: str = "light"  # light | otel
     drain_timeout_s: float = 30.0  # on stop or Ctrl-C, seconds runners get to finish their attempts
+    agent_spans: bool = False  # with ALIGHT_TOKEN: agents may post their own attempt's spans (rewards) with their key
     ray: RayConfig = field(default_factory=RayConfig)  # runner.backend=ray: where and how runner actors run
 
 

@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from alight.engines.base import ChatRequest, CompletionRequest, Generation
-from alight.errors import AlightError
+from alight.errors import AlightError, ForbiddenError
 from alight.proxy import anthropic_api, anthropic_request
 from alight.proxy import completion_objects as objects
 from alight.proxy.protocol import (
@@ -45,6 +45,7 @@ from alight.proxy.responses_api import (
 )
 from alight.proxy.streaming import ChatStream, EngineStream, EventStream
 from alight.serving.app import DEFAULT_MAX_BODY_BYTES, JSON, ErrorBody, Handler, ServerApp, unless_disconnected
+from alight.serving.auth import Resolve
 from alight.serving.openapi import Operation
 
 logger = logging.getLogger(__name__)
@@ -67,11 +68,17 @@ class WeightsBody(BaseModel):
 
 
 def create_app(
-    proxy: Proxy, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, admin: bool = False, token: str | None = None
+    proxy: Proxy,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    admin: bool = False,
+    token: str | None = None,
+    resolve: Resolve | None = None,
 ) -> fastapi.FastAPI:
     """The proxy's app. Its lifespan starts the proxy (engine) and closes it (spans flushed,
     engine and store closed). `admin` adds POST /admin/weights for trainers in other processes.
-    With `token`, every route but /health needs it as the bearer (the OpenAI client's `api_key`)."""
+    With `token`, every route but /health needs it as the bearer (the OpenAI client's `api_key`),
+    or an agent key `resolve` knows (the store's), which opens only its own attempt's routes."""
 
     @contextlib.asynccontextmanager
     async def running() -> AsyncIterator[None]:
@@ -89,6 +96,7 @@ def create_app(
         max_body_bytes=max_body_bytes,
         token=token,
         error_body_for=_error_body_for,
+        resolve=resolve,
     )
 
     async def parsed(
@@ -274,7 +282,7 @@ def create_app(
     operations: list[Operation] = []
 
     def route(path: str, method: str, handler: Handler, summary: str, body: type[BaseModel] | None = None) -> None:
-        server.route(path, method, handler)
+        server.route(path, method, own_attempt_only(handler))
         operations.append(Operation(path, method, summary, body))
 
     for prefix in ("", ROLLOUT_PREFIX, AGENT_PREFIX):
@@ -297,6 +305,24 @@ async def _streamed(stream: EngineStream) -> Response:
     are plain HTTP errors)."""
     await stream.open()
     return EventStream(stream.events(), stream.close)
+
+
+def own_attempt_only(handler: Handler) -> Handler:
+    """`handler`, refused (403) to a credential other than the token unless it is the agent key
+    of the attempt the path names."""
+
+    async def checked(request: Request) -> Response | bytes:
+        grant = ServerApp.grant(request)
+        if grant is not None and grant.kind != "admin":
+            params = request.path_params
+            if grant.kind != "agent" or (params.get("rollout_id"), params.get("attempt_id")) != (
+                grant.rollout_id,
+                grant.attempt_id,
+            ):
+                raise ForbiddenError(f"this key opens only its own attempt's routes, not {request.url.path}")
+        return await handler(request)
+
+    return checked
 
 
 def _error_body_for(path: str) -> ErrorBody | None:

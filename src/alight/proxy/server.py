@@ -10,7 +10,7 @@ from typing import Any
 from alight.proxy.proxy import Proxy
 from alight.proxy.routes import create_app
 from alight.serving.app import DEFAULT_MAX_BODY_BYTES
-from alight.serving.auth import check_bind
+from alight.serving.auth import Resolve, check_bind
 from alight.serving.background import BackgroundServer
 
 
@@ -22,7 +22,8 @@ class ProxyServer(BackgroundServer):
     hop onto that loop by themselves). `url` is the proxy root as agents on other machines reach
     it (`advertise_url`, or for a wildcard bind this machine's routable address): what the trainer
     publishes as `LLMResource.endpoint`. `stop()` finishes the calls in flight and stores their
-    spans. Beyond loopback it needs `token` (or `insecure`; see `alight.serving.auth.check_bind`)."""
+    spans. Beyond loopback it needs `token` (or `insecure`; see `alight.serving.auth.check_bind`);
+    `resolve` checks the other credentials agents present (`StoreClient.check_credential`: agent keys)."""
 
     what = "proxy"
     graceful_shutdown_s = 10.0
@@ -38,9 +39,10 @@ class ProxyServer(BackgroundServer):
         token: str | None = None,
         insecure: bool = False,
         advertise_url: str | None = None,
+        resolve: Resolve | None = None,
     ) -> None:
         check_bind(host, token, insecure=insecure, what=self.what)
-        app = create_app(proxy, max_body_bytes=max_body_bytes, admin=admin, token=token)
+        app = create_app(proxy, max_body_bytes=max_body_bytes, admin=admin, token=token, resolve=resolve)
         super().__init__(app, host=host, port=port, advertise_url=advertise_url)
         self.proxy = proxy
 

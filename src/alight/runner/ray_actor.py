@@ -15,7 +15,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from alight.runner.runner import AttemptWatcher
-from alight.runner.worker import AGENT_THREAD_ENV, WorkerSpec
+from alight.runner.worker import AGENT_THREAD_ENV, SECRET_ENV, WorkerSpec
 from alight.types import AttemptStatus, Claim
 
 if TYPE_CHECKING:
@@ -73,6 +73,8 @@ class RunnerActor:
     def __init__(self, spec: WorkerSpec) -> None:
         for name, value in AGENT_THREAD_ENV.items():  # before the agent (and its math libraries) loads
             os.environ.setdefault(name, value)
+        for name in SECRET_ENV:  # the pool's own secrets stay with the pool: agents get their attempt's key
+            os.environ.pop(name, None)
         logging.basicConfig(
             level=spec.log_level, format=f"%(asctime)s %(levelname)s [{spec.worker_id}] %(name)s: %(message)s"
         )
@@ -94,7 +96,7 @@ class RunnerActor:
             agent = spec.agent if isinstance(spec.agent, LitAgent) else load_agent(spec.agent)
             self.runner = Runner(
                 agent,
-                StoreClient(spec.store_url, token=spec.token, runner_id=spec.worker_id),
+                StoreClient(spec.store_url, token=spec.token or "", runner_id=spec.worker_id),
                 tracer=make_tracer(spec.tracer),  # type: ignore[arg-type]
                 worker_id=spec.worker_id,
                 poll_interval_s=spec.poll_interval_s,
@@ -102,7 +104,6 @@ class RunnerActor:
                 heartbeat_interval_s=spec.heartbeat_interval_s,
                 watcher=self.log,
                 instrument=spec.instrument,
-                llm_api_key=spec.token,
             )
         except AlightError as err:
             return str(err)

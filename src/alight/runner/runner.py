@@ -188,7 +188,9 @@ class Runner:
             resource_set = await self._resources_for(rollout)
         except AlightError as err:
             return Outcome(AttemptStatus.FAILED, error=f"cannot get the resources of this rollout: {err}")
-        resources = bind_resources(resource_set, rollout.rollout_id, attempt.attempt_id, api_key=self.llm_api_key)
+        resources = bind_resources(
+            resource_set, rollout.rollout_id, attempt.attempt_id, api_key=self.llm_api_key, agent_key=claim.agent_key
+        )
         try:
             attempt = await self.store.start_attempt(attempt.attempt_id)
         except (InvalidTransitionError, NotFoundError) as err:

@@ -27,11 +27,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Self, TypedDict
 
 from alight.errors import ConfigError
-from alight.runner.endings import Ending, record_end, store_counts
+from alight.runner.endings import Ending, record_end, runner_credential, store_counts
 from alight.runner.slots import Held, PoolStats, Seat
 from alight.runner.transport import Event, Transport
 from alight.runner.worker import DRAIN_SIGNALS, WorkerSpec
-from alight.serving.auth import resolve_token
+from alight.serving.auth import runner_token
 from alight.types import AttemptStatus, new_id
 
 if TYPE_CHECKING:
@@ -63,9 +63,10 @@ class PoolOptions(TypedDict, total=False):
 
 class Supervisor:
     """`n_runners` runners of `agent` on rollouts from the store at `store_url`, started by
-    `transport`; keeps the `Pool` protocol (alight.runner.base). `token` (default: ALIGHT_TOKEN)
-    reaches the store and is the agents' LLM `api_key`. `clock` is the time deadlines and backoffs
-    are measured on."""
+    `transport`; keeps the `Pool` protocol (alight.runner.base). `token` (default:
+    ALIGHT_RUNNER_CREDENTIAL, else ALIGHT_TOKEN) is a runner credential, or the admin token with
+    which the pool registers for one; agents get their attempt's own key, never either. `clock` is
+    the time deadlines and backoffs are measured on."""
 
     def __init__(
         self,
@@ -110,7 +111,10 @@ class Supervisor:
         self.start_timeout_s = start_timeout_s
         self.instrument = instrument  # False: the agent's LLM calls are not traced, runners start faster
         self.clock = clock
-        self._token = resolve_token(token)  # runners get it, never a log line
+        # The admin token or a runner credential (never a log line); with the admin token, the
+        # pool registers and its runners get a runner credential instead (`launch`).
+        self._token = runner_token(token)
+        self._runner_name: str | None = None
         self.pool_id = new_id("pool")[:13]
         self._seats = [Seat(i) for i in range(n_runners)]
         self._next_index = n_runners
@@ -154,6 +158,8 @@ class Supervisor:
     def launch(self) -> None:
         """Open the transport and start a runner in every seat (`start` does this first; a test
         may call it and then `step` by hand, without the thread)."""
+        if self._token is not None and self._runner_name is None:
+            self._token, self._runner_name = runner_credential(self.store_url, self._token, self.pool_id)
         self.transport.open(self.n_runners)
         with self._lock:
             for seat in self._seats:
@@ -243,11 +249,12 @@ class Supervisor:
     def _spawn(self, seat: Seat) -> None:
         """Start a runner in `seat` (lock held)."""
         seat.generation += 1
+        worker = f"{self.pool_id}-w{seat.index}.{seat.generation}"
         spec = WorkerSpec(
             agent=self.agent,
             store_url=self.store_url,
             tracer=self.tracer,
-            worker_id=f"{self.pool_id}-w{seat.index}.{seat.generation}",
+            worker_id=f"{self._runner_name}/{worker}" if self._runner_name is not None else worker,
             poll_interval_s=self.poll_interval_s,
             max_poll_interval_s=self.max_poll_interval_s,
             heartbeat_interval_s=self.heartbeat_interval_s,

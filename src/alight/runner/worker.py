@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 from alight.errors import AlightError
 from alight.runner.runner import AttemptWatcher, Runner
+from alight.serving.auth import TOKEN_ENV
+from alight.serving.credentials import RUNNER_CREDENTIAL_ENV
 from alight.types import AttemptStatus, Claim
 
 if TYPE_CHECKING:
@@ -46,6 +48,10 @@ AGENT_THREAD_ENV = {
 }
 
 
+#: Variables a worker removes from its environment before any agent loads (the admin token, a runner credential).
+SECRET_ENV = (TOKEN_ENV, RUNNER_CREDENTIAL_ENV)
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """Everything a worker process needs; picklable, as spawn requires."""
@@ -59,7 +65,7 @@ class WorkerSpec:
     heartbeat_interval_s: float
     log_level: int
     instrument: bool
-    token: str | None = field(default=None, repr=False)  # the store's and the proxy's bearer token
+    token: str | None = field(default=None, repr=False)  # the runner credential the store knows this worker by
 
 
 class _PipeWatcher(AttemptWatcher):
@@ -87,6 +93,8 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         stream=sys.stderr,
     )
     code = EXIT_CONFIG
+    for name in SECRET_ENV:  # the pool's own secrets stay with the pool: agents get their attempt's key
+        os.environ.pop(name, None)
     try:
         _one_thread_for_agents()
         code = _run(spec, conn)
@@ -148,7 +156,7 @@ def _build_runner(spec: WorkerSpec, conn: Connection) -> Runner:
     tracer = make_tracer(spec.tracer)  # type: ignore[arg-type]
     return Runner(
         agent,
-        StoreClient(spec.store_url, token=spec.token, runner_id=spec.worker_id),
+        StoreClient(spec.store_url, token=spec.token or "", runner_id=spec.worker_id),
         tracer=tracer,
         worker_id=spec.worker_id,
         poll_interval_s=spec.poll_interval_s,
@@ -156,7 +164,6 @@ def _build_runner(spec: WorkerSpec, conn: Connection) -> Runner:
         heartbeat_interval_s=spec.heartbeat_interval_s,
         watcher=_PipeWatcher(conn),
         instrument=spec.instrument,
-        llm_api_key=spec.token,
     )
 
 

@@ -26,7 +26,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from alight.errors import AlightError, InvalidRequestError, PayloadTooLargeError, UnauthorizedError, one_line
-from alight.serving.auth import AUTHENTICATED, BearerAuth
+from alight.serving.auth import AUTHENTICATED, GRANT, BearerAuth, Resolve
+from alight.serving.credentials import Grant
 
 if TYPE_CHECKING:
     from alight.serving.openapi import Operation
@@ -61,7 +62,8 @@ class ServerApp:
 
     `lifespan` (optional) is entered while the app serves: the store's watchdog, the proxy's
     engine. `what` names the server in logs; `max_body_bytes` caps the bodies `body()` reads; with `token`,
-    requests need `Authorization: Bearer <token>` (see `alight.serving.auth`)."""
+    requests need `Authorization: Bearer <token>`, or a credential `resolve` knows (see
+    `alight.serving.auth`)."""
 
     def __init__(
         self,
@@ -72,6 +74,7 @@ class ServerApp:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         token: str | None = None,
         error_body_for: Callable[[str], ErrorBody | None] | None = None,
+        resolve: Resolve | None = None,
     ) -> None:
         self.what = what
         self.error_body = error_body
@@ -101,12 +104,18 @@ class ServerApp:
             def refuse(path: str, message: str) -> bytes:
                 return self.error_body_at(path)(401, UnauthorizedError.code, one_line(message))
 
-            self.app.add_middleware(BearerAuth, token=token, refuse=refuse)
+            self.app.add_middleware(BearerAuth, token=token, refuse=refuse, resolve=resolve)
 
     @staticmethod
     def authenticated(request: Request) -> bool:
         """True when the request's bearer token was checked (the server has a token)."""
         return bool(request.scope.get(AUTHENTICATED))
+
+    @staticmethod
+    def grant(request: Request) -> Grant | None:
+        """What the request's credential may do (None on a server without a token)."""
+        grant: Grant | None = request.scope.get(GRANT)
+        return grant
 
     def error_body_at(self, path: str) -> ErrorBody:
         """The error format of `path`: `error_body_for`'s where it names one (the proxy's

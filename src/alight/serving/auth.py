@@ -1,12 +1,14 @@
-"""Authentication of alight's servers: one shared bearer token per run, and where it may be left out.
+"""Authentication of alight's servers: the operator's token, the credentials minted from it, and
+where a token may be left out.
 
 The store server, the LLM proxy and `alight serve` bind 127.0.0.1 by default. Binding any other
 address needs a token (`--token` or the `ALIGHT_TOKEN` variable), or `--insecure` (a warning).
-With a token, every route but `GET /health` asks for `Authorization: Bearer <token>` (what the
-OpenAI client sends for its `api_key`) or `x-api-key: <token>` (what Anthropic clients send),
-compared in constant time; anything else is answered 401 before the route runs. Runners name
-themselves in `X-Alight-Runner`; the store refuses (403) their writes into attempts claimed by
-another runner.
+With a token, every route but `GET /health` asks for `Authorization: Bearer <credential>` (what
+the OpenAI client sends for its `api_key`) or `x-api-key: <credential>` (what Anthropic clients
+send): the token itself, or a runner credential or agent key minted from it
+(`alight.serving.credentials`); anything else is answered 401 before the route runs, and the
+`Grant` of what was presented is left in the request's scope for the routes to check (403).
+Without a token (loopback only), runners name themselves in `X-Alight-Runner`, as a courtesy.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from alight.errors import ConfigError
+from alight.serving.credentials import ADMIN, RUNNER_CREDENTIAL_ENV, Grant
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +31,12 @@ TOKEN_ENV = "ALIGHT_TOKEN"
 RUNNER_HEADER = "x-alight-runner"
 #: Paths a server answers without a token: liveness only, nothing read or written.
 OPEN_PATHS = frozenset({"/health"})
-#: Set in the ASGI scope of a request whose token was checked.
+#: Set in the ASGI scope of a request whose token (or runner credential) was checked.
 AUTHENTICATED = "alight.authenticated"
+#: The `Grant` of the request's credential, in its ASGI scope (absent on a server without a token).
+GRANT = "alight.grant"
+#: Finds what a presented credential may do (None: nothing, answered 401).
+Resolve = Callable[[str], Awaitable[Grant | None]]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -41,6 +48,14 @@ def resolve_token(token: str | None = None) -> str | None:
     """`token`, else the `ALIGHT_TOKEN` variable; None for neither (an empty value counts as none)."""
     value = token if token is not None else os.environ.get(TOKEN_ENV)
     return value or None
+
+
+def runner_token(token: str | None = None) -> str | None:
+    """What a runner pool presents to the store: `token`, else the `ALIGHT_RUNNER_CREDENTIAL`
+    variable, else `ALIGHT_TOKEN` (None for none; an empty value counts as none)."""
+    if token is not None:
+        return token or None
+    return os.environ.get(RUNNER_CREDENTIAL_ENV) or os.environ.get(TOKEN_ENV) or None
 
 
 def is_loopback(host: str) -> bool:
@@ -81,42 +96,68 @@ def bearer_header(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-class BearerAuth:
-    """ASGI middleware: HTTP requests outside `OPEN_PATHS` need the bearer token (or the same token
-    as `x-api-key`), else `refuse(path, message)` answers (status 401) and the app never sees the
-    request."""
+def presented(headers: Any) -> str | None:
+    """The credential an ASGI request presents: its bearer, else its `x-api-key` (None for neither;
+    "" for an Authorization header of another scheme)."""
+    authorization: str | None = None
+    api_key: str | None = None
+    for name, value in headers:
+        if name == b"authorization":
+            authorization = value.decode("latin-1")
+        elif name == b"x-api-key":
+            api_key = value.decode("latin-1").strip()
+    if authorization is not None:
+        scheme, _, given = authorization.partition(" ")
+        if scheme.lower() == "bearer":
+            return given.strip()
+        return api_key if api_key is not None else ""
+    return api_key
 
-    def __init__(self, app: ASGIApp, token: str, refuse: Callable[[str, str], bytes]) -> None:
+
+class BearerAuth:
+    """ASGI middleware: HTTP requests outside `OPEN_PATHS` need a credential (bearer, or
+    `x-api-key`): the token, or one `resolve` knows; else `refuse(path, message)` answers (status
+    401) and the app never sees the request. The credential's `Grant` goes into the scope (`GRANT`)."""
+
+    def __init__(
+        self, app: ASGIApp, token: str, refuse: Callable[[str, str], bytes], resolve: Resolve | None = None
+    ) -> None:
         self.app = app
         self.token = token
         self.refuse = refuse
+        self.resolve = resolve
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        authorization = api_key = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-            elif name == b"x-api-key":
-                api_key = value.decode("latin-1")
-        if authorization is None and api_key is None:
+        given = presented(scope["headers"])
+        if given is None:
             await self._answer(send, scope["path"], "missing Authorization: Bearer token (or x-api-key)")
             return
-        given_key = api_key is not None and hmac.compare_digest(api_key.strip().encode(), self.token.encode())
-        if not (bearer_matches(authorization, self.token) or given_key):
+        grant: Grant | None = None
+        if hmac.compare_digest(given.encode("utf-8", "surrogatepass"), self.token.encode("utf-8", "surrogatepass")):
+            grant = ADMIN
+        elif self.resolve is not None and given:
+            try:
+                grant = await self.resolve(given)
+            except Exception as err:  # the store that knows the keys is away: refuse, do not fail
+                logger.warning("cannot check a credential on %s: %s", scope["path"], err)
+                await self._answer(send, scope["path"], "the credential cannot be checked now", status=503)
+                return
+        if grant is None:
             await self._answer(send, scope["path"], "wrong token")
             return
-        scope[AUTHENTICATED] = True
+        scope[GRANT] = grant
+        scope[AUTHENTICATED] = grant.kind != "agent"
         await self.app(scope, receive, send)
 
-    async def _answer(self, send: Send, path: str, message: str) -> None:
+    async def _answer(self, send: Send, path: str, message: str, status: int = 401) -> None:
         body = self.refuse(path, message)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
             (b"www-authenticate", b"Bearer"),
         ]
-        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

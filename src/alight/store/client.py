@@ -34,6 +34,7 @@ from alight.errors import (
     one_line,
 )
 from alight.serving.auth import RUNNER_HEADER, bearer_header, resolve_token
+from alight.serving.credentials import Grant
 from alight.store import wire
 from alight.store.base import Store
 from alight.store.columns import LLMColumns, decode_columns, gc_paused
@@ -62,8 +63,10 @@ _RETRIED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 class StoreClient(Store):
     """A `Store` over HTTP. Create it anywhere; it opens its connections lazily on first use,
     inside the running event loop. Ignores proxy environment variables: the store is reached
-    directly. `token` (default: the `ALIGHT_TOKEN` variable) is sent as a bearer token; a runner
-    gives its `runner_id`, so that the store refuses its writes into other runners' attempts."""
+    directly. `token` (default: the `ALIGHT_TOKEN` variable: the admin token, a runner credential or
+    an agent key) is sent as a bearer token; a store server with a token knows the runner from its
+    credential. Without a token, a runner gives its `runner_id` (`X-Alight-Runner`), so that the
+    store refuses its writes into other runners' attempts."""
 
     def __init__(
         self,
@@ -342,6 +345,18 @@ class StoreClient(Store):
         body = orjson.dumps({"at": at})
         raw = await self._call("POST", "/store/reap", body, idempotency_key=write_id or new_id("rq"))
         return wire.ATTEMPTS.validate_json(raw)
+
+    # -- credentials (the admin token's; see alight.serving.credentials) ----------------------------
+    async def register_runner(self, name: str) -> str:
+        """A new runner credential for a runner named `name`."""
+        answer = orjson.loads(await self._call("POST", "/store/runners", orjson.dumps({"name": name})))
+        return str(answer["credential"])
+
+    async def check_credential(self, credential: str) -> Grant | None:
+        """What `credential` may do on the store's server (None: nothing); the proxy checks agent keys with it."""
+        body = orjson.dumps({"credential": credential})
+        grant = orjson.loads(await self._call("POST", "/store/credentials/check", body)).get("grant")
+        return None if grant is None else Grant(**grant)
 
     async def close(self) -> None:
         """Flush buffered spans, then close the connections; raises what `flush` raises."""

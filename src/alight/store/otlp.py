@@ -15,7 +15,7 @@ import base64
 import json
 import logging
 import zlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -325,9 +325,12 @@ async def receive_traces(
     content_encoding: str | None = None,
     *,
     max_bytes: int,
+    check: Callable[[list[Span]], Awaitable[None]] | None = None,
 ) -> tuple[bytes, str]:
     """Store the spans of an OTLP/HTTP trace export; returns (answer body, its media type).
     A compressed body may decompress to `max_bytes` at most (PayloadTooLargeError beyond).
+    `check` sees every span before any is stored, and refuses the whole export by raising
+    (ForbiddenError: the sender may not write into an attempt it names).
 
     Spans without rollout/attempt ids, or of attempts the store does not know, are rejected and
     counted in the answer's partial success (the rest are stored)."""
@@ -340,6 +343,8 @@ async def receive_traces(
     messages: list[str] = []
     if rejected:
         messages.append(f"{rejected} span(s) carry no valid {semconv.ROLLOUT_ID}/{semconv.ATTEMPT_ID}")
+    if check is not None:
+        await check(spans)
     by_attempt: dict[str, list[Span]] = {}
     for span in spans:
         by_attempt.setdefault(span.attempt_id, []).append(span)

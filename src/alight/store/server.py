@@ -22,10 +22,11 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from alight.errors import AlightError, ConfigError, ForbiddenError, InvalidRequestError, StoreError, one_line
+from alight.errors import AlightError, ConfigError, InvalidRequestError, StoreError, one_line
 from alight.serving.app import DEFAULT_MAX_BODY_BYTES, Handler, ServerApp, unless_disconnected
-from alight.serving.auth import RUNNER_HEADER, check_bind
+from alight.serving.auth import check_bind
 from alight.serving.background import BackgroundServer
+from alight.serving.credentials import Kind
 from alight.serving.openapi import Operation
 from alight.store import wire
 from alight.store.base import ALL_ATTEMPTS, Store
@@ -33,7 +34,7 @@ from alight.store.columns import MEDIA_TYPE as COLUMNS_MEDIA_TYPE
 from alight.store.columns import encode_columns, gc_paused
 from alight.store.otlp import receive_traces  # opentelemetry-proto loads on the first request
 from alight.store.remembered import RememberedAnswers
-from alight.store.scopes import RunnerScopes, without_secrets
+from alight.store.scopes import ADMIN_ONLY, RUNNERS, WRITERS, StoreAccess, without_secrets
 from alight.store.wire import IDEMPOTENCY_HEADER
 from alight.types import ResourceSet
 
@@ -62,18 +63,19 @@ def create_app(
     watchdog_interval_s: float | None = 1.0,
     token: str | None = None,
     max_wait_s: float = wire.MAX_WAIT_S,
+    agent_spans: bool = False,
 ) -> fastapi.FastAPI:
     """The store's HTTP app. A lifespan task runs `store.reap_timed_out()` every
     `watchdog_interval_s` seconds (None: never). `/store/wait` holds a request at most
     `max_wait_s` seconds, and not past its client's disconnect. The app does not close the store.
-    With `token`, every route but /health needs it (`alight.serving.auth`); runner scopes and
-    secret redaction: `alight.store.scopes`."""
+    With `token`, every route but /health needs it or a credential minted from it (runner
+    credentials, agent keys: `alight.store.scopes`, which also says what `agent_spans` lets agents do)."""
 
     @contextlib.asynccontextmanager
     async def watchdog() -> AsyncIterator[None]:
         task = None
         if watchdog_interval_s is not None:
-            task = asyncio.create_task(_watchdog(store, watchdog_interval_s), name="alight-store-watchdog")
+            task = asyncio.create_task(_watchdog(store, watchdog_interval_s, access), name="alight-store-watchdog")
         try:
             yield
         finally:
@@ -82,18 +84,16 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
+    access = StoreAccess(store, token, agent_spans=agent_spans)
     server = ServerApp(
-        "store server", error_body=_error_body, lifespan=watchdog, max_body_bytes=max_body_bytes, token=token
-    )
+        "store server", error_body=_error_body, lifespan=watchdog, max_body_bytes=max_body_bytes, token=token,
+        resolve=access.resolve if token is not None else None,
+    )  # fmt: skip
     remembered = RememberedAnswers(server)
-    scopes = RunnerScopes(store)
-
-    def runner(request: Request) -> str | None:
-        return request.headers.get(RUNNER_HEADER)
 
     async def own_attempt(request: Request) -> str:
         attempt_id: str = request.path_params["attempt_id"]
-        await scopes.check(runner(request), (attempt_id,))
+        await access.check_attempts(request, (attempt_id,))
         return attempt_id
 
     def readable(resources: ResourceSet | None, request: Request) -> ResourceSet | None:
@@ -110,8 +110,9 @@ def create_app(
         *,
         query: dict[str, dict[str, Any]] | None = None,
         idempotent: bool = False,
+        who: frozenset[Kind] = ADMIN_ONLY,
     ) -> None:
-        endpoint = server.guard(handler)
+        endpoint = server.guard(access.allowing(who, handler))
         server.app.add_route(path, remembered.wrap(endpoint) if idempotent else endpoint, methods=[method])
         operations.append(Operation(path, method, summary, body_model, query or {}))
 
@@ -124,10 +125,8 @@ def create_app(
 
     async def dequeue(request: Request) -> bytes:
         parsed = wire.parse_body(wire.DequeueBody, await body(request))
-        worker_id = parsed.worker_id or runner(request)
-        if runner(request) not in (None, worker_id):
-            raise ForbiddenError(f"runner {runner(request)!r} cannot claim for worker {worker_id!r}")
-        return wire.MAYBE_CLAIM.dump_json(await store.dequeue(worker_id, attempt_id=parsed.attempt_id))
+        claim = await store.dequeue(access.claimant(request, parsed.worker_id), attempt_id=parsed.attempt_id)
+        return wire.MAYBE_CLAIM.dump_json(access.with_agent_key(request, claim))
 
     async def start_attempt(request: Request) -> bytes:
         return wire.ATTEMPT.dump_json(await store.start_attempt(await own_attempt(request)))
@@ -136,18 +135,19 @@ def create_app(
         return wire.ATTEMPT.dump_json(await store.heartbeat(await own_attempt(request)))
 
     async def get_attempt(request: Request) -> bytes:
-        return wire.ATTEMPT.dump_json(await store.get_attempt(request.path_params["attempt_id"]))
+        return wire.ATTEMPT.dump_json(await store.get_attempt(await own_attempt(request)))
 
     async def finish_attempt(request: Request) -> bytes:
         parsed = wire.parse_body(wire.FinishAttemptBody, await body(request))
-        rollout = await store.finish_attempt(
-            await own_attempt(request), parsed.status, reward=parsed.reward, error=parsed.error
-        )
+        attempt_id = await own_attempt(request)
+        rollout = await store.finish_attempt(attempt_id, parsed.status, reward=parsed.reward, error=parsed.error)
+        access.ended(attempt_id)
         return wire.ROLLOUT.dump_json(rollout)
 
     async def finish_rollout(request: Request) -> bytes:
         parsed = wire.parse_body(wire.FinishRolloutBody, await body(request))
         rollout = await store.finish_rollout(request.path_params["rollout_id"], parsed.status, reward=parsed.reward)
+        access.ended(rollout_id=rollout.rollout_id)
         return wire.ROLLOUT.dump_json(rollout)
 
     # -- spans ----------------------------------------------------------------------------
@@ -159,7 +159,7 @@ def create_app(
             return None if key is None else f"spans {key}{part}"
 
         if parsed.groups is None:
-            await scopes.check(runner(request), (span.attempt_id for span in parsed.spans))
+            await access.check_spans(request, parsed.spans)
             return orjson.dumps({"added": await store.add_spans(parsed.spans, write_id=write_id(""))})
         if sum(parsed.groups) != len(parsed.spans):
             raise InvalidRequestError(
@@ -170,7 +170,7 @@ def create_app(
         for number, size in enumerate(parsed.groups):
             try:
                 group = parsed.spans[start : start + size]
-                await scopes.check(runner(request), (span.attempt_id for span in group))
+                await access.check_spans(request, group)
                 added = await store.add_spans(group, write_id=write_id(f" #{number}"))
             except AlightError as err:
                 answers.append({"error": {"code": err.code, "message": one_line(str(err))}})
@@ -182,6 +182,7 @@ def create_app(
 
     async def query_spans(request: Request) -> bytes:
         attempt_id = request.query_params.get("attempt_id")
+        await access.check_read(request, request.path_params["rollout_id"], attempt_id)
         spans = await store.query_spans(
             request.path_params["rollout_id"], ALL_ATTEMPTS if attempt_id == ALL_ATTEMPTS else attempt_id
         )
@@ -267,7 +268,9 @@ def create_app(
     async def reap(request: Request) -> bytes:
         parsed = wire.parse_body(wire.ReapBody, await body(request))
         write_id = request.headers.get(IDEMPOTENCY_HEADER)
-        return wire.ATTEMPTS.dump_json(await store.reap_timed_out(parsed.at, write_id=write_id))
+        reaped = await store.reap_timed_out(parsed.at, write_id=write_id)
+        access.ended(*(attempt.attempt_id for attempt in reaped))
+        return wire.ATTEMPTS.dump_json(reaped)
 
     async def health(request: Request) -> bytes:
         return b'{"status":"ok"}'
@@ -281,45 +284,49 @@ def create_app(
                 request.headers.get("content-type"),
                 request.headers.get("content-encoding"),
                 max_bytes=max_body_bytes,
+                check=lambda spans: access.check_spans(request, spans),
             )
         except InvalidRequestError as err:  # OTLP/HTTP answers a bad export with 400, not 422
             return server.error(400, err.code, str(err))
         return Response(answer, media_type=media_type)
 
-    W = wire
+    W, R = wire, RUNNERS
     route("/store/enqueue", "POST", enqueue, "enqueue rollouts", W.EnqueueBody)
-    route("/store/dequeue", "POST", dequeue, "claim the next rollout", W.DequeueBody)
-    route("/store/attempts/{attempt_id}", "GET", get_attempt, "an attempt")
-    route("/store/attempts/{attempt_id}/start", "POST", start_attempt, "mark an attempt running")
-    route("/store/attempts/{attempt_id}/heartbeat", "POST", heartbeat, "an attempt's heartbeat")
-    route("/store/attempts/{attempt_id}/finish", "POST", finish_attempt, "end an attempt", W.FinishAttemptBody)
+    route("/store/dequeue", "POST", dequeue, "claim the next rollout", W.DequeueBody, who=RUNNERS)
+    route("/store/attempts/{attempt_id}", "GET", get_attempt, "an attempt", who=RUNNERS)
+    route("/store/attempts/{attempt_id}/start", "POST", start_attempt, "mark an attempt running", who=RUNNERS)
+    route("/store/attempts/{attempt_id}/heartbeat", "POST", heartbeat, "an attempt's heartbeat", who=RUNNERS)
+    route("/store/attempts/{attempt_id}/finish", "POST", finish_attempt, "end an attempt", W.FinishAttemptBody, who=R)
     route("/store/rollouts/{rollout_id}/finish", "POST", finish_rollout, "end a rollout", W.FinishRolloutBody)
-    route("/store/spans", "POST", add_spans, "add spans", W.SpansBody, idempotent=True)
+    route("/store/spans", "POST", add_spans, "add spans", W.SpansBody, idempotent=True, who=WRITERS)
     route("/store/rollouts", "GET", list_rollouts, "list rollouts", query=W.LIST_QUERY)
     route("/store/rollouts/query", "POST", query_rollouts, "list rollouts", W.QueryBody)
     route("/store/rollouts/{rollout_id}", "GET", get_rollout, "a rollout")
     route("/store/rollouts/{rollout_id}/attempts", "GET", list_attempts, "a rollout's attempts")
-    route("/store/rollouts/{rollout_id}/spans", "GET", query_spans, "a rollout's spans", query=W.SPANS_QUERY)
+    route("/store/rollouts/{rollout_id}/spans", "GET", query_spans, "a rollout's spans", query=W.SPANS_QUERY, who=R)
     route("/store/wait", "POST", wait, "wait for rollouts to end", W.WaitBody)
     route("/store/bulk/rollouts", "POST", bulk_rollouts, "rollouts as dicts", W.BulkReadBody)
     route("/store/bulk/spans", "POST", bulk_spans, "spans as dicts", W.BulkReadBody)
     route("/store/bulk/columns", "POST", bulk_columns, "LLM spans as columns", W.BulkReadBody)
     route("/store/resources", "POST", add_resources, "publish resources", W.ResourcesBody, idempotent=True)
-    route("/store/resources/latest", "GET", latest_resources, "the latest resources")
-    route("/store/resources/{version}", "GET", get_resources, "resources by version")
-    route("/store/counts", "GET", counts, "rollouts by status")
+    route("/store/resources/latest", "GET", latest_resources, "the latest resources", who=RUNNERS)
+    route("/store/resources/{version}", "GET", get_resources, "resources by version", who=RUNNERS)
+    route("/store/counts", "GET", counts, "rollouts by status", who=RUNNERS)
     route("/store/reap", "POST", reap, "time out silent attempts", W.ReapBody, idempotent=True)
     route("/health", "GET", health, "health")
-    route("/v1/traces", "POST", otlp_traces, "OTLP/HTTP trace export (protobuf or JSON)", W.OtlpTracesBody)
+    route("/v1/traces", "POST", otlp_traces, "OTLP/HTTP trace export (protobuf or JSON)", W.OtlpTracesBody, who=WRITERS)
+    for path, handler, summary, model in access.routes(body):  # runner credentials; keys checked for the proxy
+        route(path, "POST", handler, summary, model)
     server.serve_openapi(operations)
     return server.app
 
 
-async def _watchdog(store: Store, interval_s: float) -> None:
+async def _watchdog(store: Store, interval_s: float, access: StoreAccess) -> None:
     while True:
         await asyncio.sleep(interval_s)
         try:
             reaped = await store.reap_timed_out()
+            access.ended(*(attempt.attempt_id for attempt in reaped))
         except Exception:
             logger.exception("store watchdog: reap_timed_out failed; trying again in %.1f s", interval_s)
         else:
@@ -355,6 +362,7 @@ class StoreServer(BackgroundServer):
         insecure: bool = False,
         max_wait_s: float = wire.MAX_WAIT_S,
         advertise_url: str | None = None,
+        agent_spans: bool = False,
     ) -> None:
         check_bind(host, token, insecure=insecure, what=self.what)
         app = create_app(
@@ -363,6 +371,7 @@ class StoreServer(BackgroundServer):
             watchdog_interval_s=watchdog_interval_s,
             token=token,
             max_wait_s=max_wait_s,
+            agent_spans=agent_spans,
         )
         super().__init__(app, host=host, port=port, advertise_url=advertise_url)
         self.store = store
@@ -382,6 +391,7 @@ def serve(
     max_wait_s: float = wire.MAX_WAIT_S,
     token: str | None = None,
     insecure: bool = False,
+    agent_spans: bool = False,
 ) -> None:
     """Serve `store` until Ctrl-C or SIGTERM, then shut down gracefully and close the store.
     `on_ready` is called with the server's URL once it answers (ConfigError before that if the
@@ -396,6 +406,7 @@ def serve(
             max_wait_s=max_wait_s,
             token=token,
             insecure=insecure,
+            agent_spans=agent_spans,
         )
         server.serve_until_interrupted(on_ready)
     except ConfigError:  # never served (no token, the port is taken): the store is still ours to close

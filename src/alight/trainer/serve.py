@@ -34,10 +34,12 @@ def serve_store(
     max_write_ids: int | None = None,
     token: str | None = None,
     insecure: bool = False,
+    agent_spans: bool = False,
 ) -> None:
     """Serve a store until Ctrl-C or SIGTERM: the SQLite file `db` (durable), or without it a
     store in memory. ConfigError for a taken port or an unusable `db`, or for a bind beyond
-    loopback with neither `token` nor `insecure`, before serving."""
+    loopback with neither `token` nor `insecure`, before serving. `agent_spans`: agent keys may
+    write their own attempt's spans (alight.store.scopes)."""
     from alight.serving.app import DEFAULT_MAX_BODY_BYTES
     from alight.store.factory import StoreSpec, open_store
     from alight.store.server import check_max_wait, serve
@@ -64,6 +66,7 @@ def serve_store(
         max_wait_s=max_wait_s,
         token=token,
         insecure=insecure,
+        agent_spans=agent_spans,
     )
 
 
@@ -184,5 +187,7 @@ def serve_model(
 
         served = SystemPromptEngine(served, prompt)
     proxy = Proxy(served, store)
-    server = ProxyServer(proxy, host=host, port=port, admin=admin, token=token, insecure=insecure)
+    # Agent keys are the store's: the proxy asks it what a key opens (with the admin token).
+    resolve = getattr(store, "check_credential", None) if token is not None else None
+    server = ProxyServer(proxy, host=host, port=port, admin=admin, token=token, insecure=insecure, resolve=resolve)
     server.serve_until_interrupted(on_ready)

@@ -159,6 +159,7 @@ class LocalStack:
                     port=self.cfg.store.port,
                     token=self.token,
                     advertise_url=store_advertise,
+                    agent_spans=self.cfg.runner.agent_spans,
                 ).start()
                 self.store_url = self._store_server.local_url
                 store_advertise = self._store_server.url
@@ -166,9 +167,10 @@ class LocalStack:
             self.store_advertise_url = store_advertise or self.store_url
             assert self.store_advertise_url is not None
             logger.info("store at %s", self.store_advertise_url)
+            proxy_store = StoreClient(self.store_url, token=self.token)
             proxy = Proxy(
                 engine,
-                StoreClient(self.store_url, token=self.token),
+                proxy_store,
                 version=self.weights_version,
                 default_sampling=self.sampling_parameters(),
             )
@@ -178,6 +180,7 @@ class LocalStack:
                 port=self.cfg.proxy.port,
                 token=self.token,
                 advertise_url=self.cfg.proxy.advertise_url,
+                resolve=proxy_store.check_credential if self.token is not None else None,  # agent keys
             ).start()
             logger.info("LLM proxy at %s (engine %s, model %s)", self.proxy_server.url, kind, self.model)
             asyncio.run(self._publish())
@@ -204,7 +207,7 @@ class LocalStack:
         agent = runner_command(runner_agent(self.cfg.agent, check=False))
         command = f"alight runner --store {self.store_advertise_url} {agent}"
         if self.token is not None:
-            command += f" (with {TOKEN_ENV} set to the run's token)"
+            command += f" (with ALIGHT_RUNNER_CREDENTIAL set to a runner credential, or {TOKEN_ENV} to the run's token)"
         if self.n_runners == 0:
             logger.warning("no runners on this machine (runner.n_runners=0): agents run once you start %s", command)
         elif not is_loopback(urlsplit(self.store_advertise_url or "").hostname or "localhost"):
