@@ -242,6 +242,9 @@ def test_bad_requests_are_anthropic_errors_the_sdk_raises_as_its_own(scripted: P
         httpx.post(url, json={"model": "scripted", "max_tokens": 0, "messages": QUESTION}), 400, "invalid_request_error"
     )
     assert "JSON" in anthropic_error(httpx.post(url, content=b"{nope"), 400, "invalid_request_error")
+    for not_a_list in (3.5, "hi", {"role": "user"}):  # a 400 naming the field, never a 500
+        answer = httpx.post(url, json={"model": "scripted", "max_tokens": 8, "messages": not_a_list})
+        assert "messages" in anthropic_error(answer, 400, "invalid_request_error")
     anthropic_error(httpx.get(url), 405, "invalid_request_error")
     # The OpenAI routes keep OpenAI's shape.
     openai_url = scripted.base_url() + "/chat/completions"

@@ -113,7 +113,8 @@ class MessagesBody(_Body):
 
 def parse_body(data: dict[str, Any]) -> MessagesBody:
     """The validated body, or a 400 naming the first problem (unsupported blocks by their type)."""
-    for index, message in enumerate(data.get("messages") or []):
+    messages = data.get("messages")
+    for index, message in enumerate(messages if isinstance(messages, list) else []):  # else: pydantic names it
         content = message.get("content") if isinstance(message, dict) else None
         for at, block in enumerate(content if isinstance(content, list) else []):
             kind = block.get("type") if isinstance(block, dict) else None
