@@ -17,7 +17,6 @@ by the store, counted (`async/resume_in_flight`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from pathlib import Path
@@ -25,12 +24,18 @@ from typing import TYPE_CHECKING, Any
 
 from alight.trainer.feeder import Feeder, Group
 from alight.trainer.loops import LoopInput
-from alight.trainer.loops.common import execute, start_stack, step_info
-from alight.trainer.policy import Policy
+from alight.trainer.loops.common import (
+    adapt,
+    execute,
+    rl_parts,
+    start_stack,
+    step_info,
+    train_metrics,
+    update_and_serve,
+)
 from alight.trainer.result import FitResult
 from alight.trainer.rollouts import StepRollouts
-from alight.trainer.session import RunSession
-from alight.trainer.validation import Schedule, Validator
+from alight.trainer.validation import Schedule
 
 if TYPE_CHECKING:
     from alight.algorithms.lightning import LightningRL
@@ -45,15 +50,9 @@ class AsyncRLLoop:
     """One asynchronous RL run in `run_dir` (see the module docstring); `run()` does all of it."""
 
     def __init__(self, run: LoopInput) -> None:
-        cfg = run.cfg
-        t = cfg.trainer
-        self.cfg = cfg
+        self.cfg = run.cfg
         self.train_rows = run.train_rows
-        self.total_steps = t.steps or max(1, t.epochs * len(self.train_rows) // t.batch_size)
-        self.session = RunSession(cfg, run.run_dir, resume=run.resume, watchers=run.watchers)
-        self.policy = Policy(cfg, self.session)
-        self.policy.total_steps = self.total_steps
-        self.validator = Validator(run.val_rows, cfg.data.input_field, t)
+        self.session, self.policy, self.validator, self.total_steps = rl_parts(run)
         self.feeder: Feeder | None = None
         self.began = time.time()  # attempts claimed before and live then were in flight when a resumed run died
 
@@ -129,58 +128,18 @@ class AsyncRLLoop:
         wait_s = time.monotonic() - started
         logger.info("step %d trains groups %s", step, " ".join(f"{g.gid}@{g.staleness}" for g in groups))
 
-        clock = time.monotonic()
-        await rollouts.flush()
-        ids = [i for g in groups for i in g.ids]
-        ended = await rollouts.store.list_rollouts(ids=ids)
-        succeeded = [r.rollout_id for r in ended if r.status.value == "succeeded"]
-        pad_id = self.policy.pad_id
-        batch, stats = (await rl.batch_from_store(rollouts.store, succeeded, pad_id)) if succeeded else (None, None)
-        stale = {i for g in groups if g.staleness > 0 for i in g.ids}
-        if batch is not None:
-            batch.mark_stale(stale)
-        adapt_s = time.monotonic() - clock
+        ended = await rollouts.store.list_rollouts(ids=[i for g in groups for i in g.ids])
+        batch, stats, adapt_s = await adapt(rollouts, rl, self.policy, ended)
+        if batch is not None:  # rows served by older weights: decoupled PPO against the proximal policy
+            batch.mark_stale({i for g in groups if g.staleness > 0 for i in g.ids})
 
-        clock = time.monotonic()
-        update: dict[str, float] = {}
-        self.session.interrupt.updating = True
-        if batch is None:
-            self.session.events.on_error(
-                f"step {step}: no transitions to train on (no succeeded rollout with an LLM call)"
-            )
-        else:
-            backend = self.policy.backend
-            assert backend is not None
-            if backend.colocated:  # the engine must sleep: calls wait for the update
-                update = await rollouts.offloaded(lambda: backend.update(batch))
-            else:  # the runners go on meanwhile
-                update = await asyncio.to_thread(backend.update, batch)
-            await rollouts.serve(backend.engine_weights(), step)
-        update_s = time.monotonic() - clock
-
-        summary = await rollouts.summarise(ended, "train")
-        tokens = float(batch.response_lengths.sum()) if batch is not None else 0.0
-        update_tokens = update.pop("actor/update_tokens", 0.0)
+        update, update_s = await update_and_serve(rollouts, self.session, self.policy, batch, step)
         step_s = time.monotonic() - started
-        metrics: dict[str, Any] = {
-            "step": step,
-            "epoch": round(feeder.sampler.epoch, 3),
-            **summary,
-            "transitions": len(batch) if batch is not None else 0,
-            "response_length/mean": tokens / len(batch) if batch is not None else 0.0,
-            **update,
-            **self._staleness(groups, feeder, before),
-            "runners/utilisation": await rollouts.utilisation(
-                [*ids, *(i for g in feeder.outstanding.values() for i in g.ids)], wall_started, time.time()
-            ),
-            "timing/rollout_s": wait_s,
-            "timing/adapt_s": adapt_s,
-            "timing/update_s": update_s,
-            "throughput/rollouts_per_s": len(ended) / step_s if step_s > 0 else 0.0,
-            "throughput/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
-            "throughput/update_tokens_per_s": update_tokens / update_s if update_s > 0 else 0.0,
-            "weights_version": step if batch is not None else step - 1,
-        }
+        timings = {"rollout_s": wait_s, "adapt_s": adapt_s, "update_s": update_s, "generation_s": step_s}
+        busy = [r.rollout_id for r in ended] + [i for g in feeder.outstanding.values() for i in g.ids]
+        metrics = await train_metrics(rollouts, step, ended, batch, update, timings, busy=busy, since=wall_started)
+        metrics["epoch"] = round(feeder.sampler.epoch, 3)
+        metrics.update(self._staleness(groups, feeder, before))
         if stats is not None:
             metrics["adapter/truncated"] = stats.prompts_truncated + stats.responses_truncated
         metrics["timing/step_s"] = time.monotonic() - started

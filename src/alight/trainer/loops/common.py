@@ -3,8 +3,10 @@ the backend, the result) and the step-by-step drive of the step-based loops (RL,
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from alight.trainer.policy import Policy
 from alight.trainer.result import FitResult
@@ -13,7 +15,95 @@ from alight.trainer.session import RunSession
 from alight.trainer.stack import LocalStack
 from alight.trainer.validation import Schedule, Validator
 
+if TYPE_CHECKING:
+    from alight.algorithms.batch import TransitionBatch
+    from alight.algorithms.lightning import LightningRL
+    from alight.trainer.loops import LoopInput
+    from alight.types import Rollout
+
 StepFn = Callable[[StepRollouts, int], Awaitable[dict[str, Any]]]
+
+
+def rl_parts(run: LoopInput) -> tuple[RunSession, Policy, Validator, int]:
+    """What an RL loop (sync or async) is built from: its session, policy, validator and steps."""
+    cfg, t = run.cfg, run.cfg.trainer
+    total_steps = t.steps or max(1, t.epochs * len(run.train_rows) // t.batch_size)
+    session = RunSession(cfg, run.run_dir, resume=run.resume, watchers=run.watchers)
+    policy = Policy(cfg, session)
+    policy.total_steps = total_steps
+    return session, policy, Validator(run.val_rows, cfg.data.input_field, t), total_steps
+
+
+async def adapt(
+    rollouts: StepRollouts, rl: LightningRL, policy: Policy, ended: Sequence[Rollout]
+) -> tuple[TransitionBatch | None, Any, float]:
+    """The proxy's spans flushed, then the succeeded rollouts' transitions, credit and advantages
+    as a batch (None: nothing succeeded); returns (batch, adapter stats, seconds)."""
+    clock = time.monotonic()
+    await rollouts.flush()
+    succeeded = [r.rollout_id for r in ended if r.status.value == "succeeded"]
+    if not succeeded:
+        return None, None, time.monotonic() - clock
+    batch, stats = await rl.batch_from_store(rollouts.store, succeeded, policy.pad_id)
+    return batch, stats, time.monotonic() - clock
+
+
+async def update_and_serve(
+    rollouts: StepRollouts, session: RunSession, policy: Policy, batch: TransitionBatch | None, step: int
+) -> tuple[dict[str, float], float]:
+    """Update the policy on `batch` and serve the new weights as version `step` (no batch: an
+    error line, no update); returns the update's metrics and its seconds. A colocated backend
+    updates with the engine asleep (calls wait); otherwise the runners go on meanwhile."""
+    clock = time.monotonic()
+    update: dict[str, float] = {}
+    session.interrupt.updating = True  # a signal from here on lets the step end (the driver clears it)
+    if batch is None:
+        session.events.on_error(f"step {step}: no transitions to train on (no succeeded rollout with an LLM call)")
+    else:
+        backend = policy.backend
+        assert backend is not None
+        if backend.colocated:  # the engine sleeps: the update takes its accelerator memory
+            update = await rollouts.offloaded(lambda: backend.update(batch))
+        else:
+            update = await asyncio.to_thread(backend.update, batch)
+        await rollouts.serve(backend.engine_weights(), step)
+    return update, time.monotonic() - clock
+
+
+async def train_metrics(
+    rollouts: StepRollouts,
+    step: int,
+    ended: Sequence[Rollout],
+    batch: TransitionBatch | None,
+    update: dict[str, float],
+    timings: dict[str, float],
+    *,
+    busy: Sequence[str],
+    since: float,
+) -> dict[str, Any]:
+    """A training step's metrics: rewards and statuses of `ended`, the batch's size, the update's
+    metrics, `timings` (rollout_s, adapt_s, update_s: seconds; generation_s: the seconds the
+    throughputs are per), and the runners' utilisation on the `busy` rollouts since `since`
+    (time.time())."""
+    summary = await rollouts.summarise(ended, "train")
+    tokens = float(batch.response_lengths.sum()) if batch is not None else 0.0
+    update_tokens = update.pop("actor/update_tokens", 0.0)
+    generation_s, update_s = timings["generation_s"], timings["update_s"]
+    return {
+        "step": step,
+        **summary,
+        "transitions": len(batch) if batch is not None else 0,
+        "response_length/mean": tokens / len(batch) if batch is not None else 0.0,
+        **update,
+        "runners/utilisation": await rollouts.utilisation(busy, since, time.time()),
+        "timing/rollout_s": timings["rollout_s"],
+        "timing/adapt_s": timings["adapt_s"],
+        "timing/update_s": update_s,
+        "throughput/rollouts_per_s": len(ended) / generation_s if generation_s > 0 else 0.0,
+        "throughput/tokens_per_s": tokens / generation_s if generation_s > 0 else 0.0,
+        "throughput/update_tokens_per_s": update_tokens / update_s if update_s > 0 else 0.0,
+        "weights_version": step if batch is not None else step - 1,
+    }
 
 
 def execute(session: RunSession, policy: Policy, work: Callable[[], None]) -> FitResult:

@@ -9,19 +9,25 @@ are reused, not enqueued again, so a killed run ends with the same steps and no 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alight.trainer.loops import LoopInput
-from alight.trainer.loops.common import drive_steps, execute, start_stack, step_info
-from alight.trainer.policy import Policy
+from alight.trainer.loops.common import (
+    adapt,
+    drive_steps,
+    execute,
+    rl_parts,
+    start_stack,
+    step_info,
+    train_metrics,
+    update_and_serve,
+)
 from alight.trainer.result import FitResult
 from alight.trainer.rollouts import StepRollouts
-from alight.trainer.session import RunSession
-from alight.trainer.validation import Schedule, Validator
+from alight.trainer.validation import Schedule
 
 if TYPE_CHECKING:
     from alight.algorithms.lightning import LightningRL
@@ -35,15 +41,9 @@ class RLLoop:
     """One RL run in `run_dir` (see the module docstring); `run()` does all of it."""
 
     def __init__(self, run: LoopInput) -> None:
-        cfg = run.cfg
-        t = cfg.trainer
-        self.cfg = cfg
+        self.cfg = run.cfg
         self.train_rows = run.train_rows
-        self.total_steps = t.steps or max(1, t.epochs * len(self.train_rows) // t.batch_size)
-        self.session = RunSession(cfg, run.run_dir, resume=run.resume, watchers=run.watchers)
-        self.policy = Policy(cfg, self.session)
-        self.policy.total_steps = self.total_steps
-        self.validator = Validator(run.val_rows, cfg.data.input_field, t)
+        self.session, self.policy, self.validator, self.total_steps = rl_parts(run)
 
     def run(self) -> FitResult:
         session = self.session
@@ -82,49 +82,13 @@ class RLLoop:
         ended = await rollouts.collect(step, "train", tasks, indices, t.group_size)
         rollout_s = time.monotonic() - started
 
-        clock = time.monotonic()
-        await rollouts.flush()
-        succeeded = [r.rollout_id for r in ended if r.status.value == "succeeded"]
-        pad_id = self.policy.pad_id
-        batch, stats = (await rl.batch_from_store(rollouts.store, succeeded, pad_id)) if succeeded else (None, None)
-        adapt_s = time.monotonic() - clock
+        batch, stats, adapt_s = await adapt(rollouts, rl, self.policy, ended)
 
-        clock = time.monotonic()
-        update: dict[str, float] = {}
-        self.session.interrupt.updating = True  # a signal from here on lets the step end (the driver clears it)
-        if batch is None:
-            self.session.events.on_error(
-                f"step {step}: no transitions to train on (no succeeded rollout with an LLM call)"
-            )
-        else:
-            backend = self.policy.backend
-            assert backend is not None
-            if backend.colocated:  # the engine sleeps: the update takes its accelerator memory
-                update = await rollouts.offloaded(lambda: backend.update(batch))
-            else:
-                update = await asyncio.to_thread(backend.update, batch)
-            await rollouts.serve(backend.engine_weights(), step)
-        update_s = time.monotonic() - clock
-
-        summary = await rollouts.summarise(ended, "train")
-        tokens = float(batch.response_lengths.sum()) if batch is not None else 0.0
-        update_tokens = update.pop("actor/update_tokens", 0.0)
-        metrics: dict[str, Any] = {
-            "step": step,
-            "epoch": round(sampler.epoch, 3),
-            **summary,
-            "transitions": len(batch) if batch is not None else 0,
-            "response_length/mean": tokens / len(batch) if batch is not None else 0.0,
-            **update,
-            "runners/utilisation": await rollouts.utilisation([r.rollout_id for r in ended], wall_started, time.time()),
-            "timing/rollout_s": rollout_s,
-            "timing/adapt_s": adapt_s,
-            "timing/update_s": update_s,
-            "throughput/rollouts_per_s": len(ended) / rollout_s if rollout_s > 0 else 0.0,
-            "throughput/tokens_per_s": tokens / rollout_s if rollout_s > 0 else 0.0,
-            "throughput/update_tokens_per_s": update_tokens / update_s if update_s > 0 else 0.0,
-            "weights_version": step if batch is not None else step - 1,
-        }
+        update, update_s = await update_and_serve(rollouts, self.session, self.policy, batch, step)
+        timings = {"rollout_s": rollout_s, "adapt_s": adapt_s, "update_s": update_s, "generation_s": rollout_s}
+        ids = [r.rollout_id for r in ended]
+        metrics = await train_metrics(rollouts, step, ended, batch, update, timings, busy=ids, since=wall_started)
+        metrics["epoch"] = round(sampler.epoch, 3)
         if stats is not None:
             metrics["adapter/truncated"] = stats.prompts_truncated + stats.responses_truncated
         metrics["timing/step_s"] = time.monotonic() - started
