@@ -57,7 +57,7 @@ def differences(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> li
     found = []
     for a, b in zip(first, second, strict=True):
         for key in sorted(set(a) | set(b)):
-            clocked = key.startswith(("timing/", "throughput/")) or key == "time_s"
+            clocked = key.startswith(("timing/", "throughput/", "runners/")) or key == "time_s"
             if not clocked and not same(key, a.get(key), b.get(key)):
                 found.append((a.get("step"), key, a.get(key), b.get(key)))
     return found
