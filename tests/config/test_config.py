@@ -92,7 +92,7 @@ LR = "did you mean 'algorithm.lr'?"
         (
             "",
             ["no_such=1"],
-            "override 'no_such=1': unknown key 'no_such'; the top-level keys are: name, agent, data, engine, proxy,"
+            "override 'no_such=1': unknown key 'no_such'; the top-level keys are: name, agent, reward, data, engine, proxy,"
             " store, runner, dev, adapter, algorithm, warm_start, trainer, logging, verl",
         ),
         (

@@ -11,6 +11,19 @@ from typing import Any
 
 
 @dataclass
+class SandboxConfig:
+    # Where a command agent's attempt runs (alight.sandbox): none (a plain process in a fresh
+    # working copy) | local (Linux namespaces: no network but the proxy, read-only system, limits) | docker
+    kind: str = "none"
+    workdir: str | None = None  # task field naming a directory copied as the attempt's working copy; None: empty
+    time_s: float | None = None  # wall-clock limit of the agent's command; None: runner.timeout_s
+    cpu_s: float | None = None  # CPU-seconds limit of the attempt's processes; None: no limit
+    memory_mb: int | None = None  # address-space limit of each process, MiB; None: no limit
+    expose: list[str] = field(default_factory=list)  # further host paths visible read-only inside
+    image: str | None = None  # docker: the image the attempt runs in
+
+
+@dataclass
 class AgentConfig:
     # Exactly one of entrypoint and command.
     entrypoint: str | None = None  # "package.module:function" or "path/to/agent.py:function"
@@ -18,6 +31,7 @@ class AgentConfig:
     # relative paths are relative to the working directory (see alight.command_agent)
     command: Any = None
     name: str | None = None  # agent name on spans; default: the function or class name (command: the script's stem)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # command agents: where each attempt runs
 
 
 @dataclass
@@ -259,6 +273,35 @@ class TrainerConfig:
 
 
 @dataclass
+class TestsRewardConfig:
+    # reward.kind=tests: after the agent, run `command` in the attempt's working copy (its sandbox)
+    command: Any = None  # a list of arguments or a shell-like string, e.g. "python -m pytest -q --junitxml=report.xml"
+    files: str | None = None  # task field naming a directory of hidden tests copied in after the agent ends
+    junit_xml: str | None = None  # JUnit XML report the command writes (in the working copy); None: pytest's summary
+    timeout_s: float = 120.0  # wall-clock limit of the test command
+
+
+@dataclass
+class JudgeConfig:
+    # reward.kind=judge: an LLM scores the attempt with a rubric; its calls are recorded, never trained on
+    model: str = "policy"  # a LiteLLM model string, or "policy": the policy's own engine
+    base_url: str | None = None  # an OpenAI-compatible endpoint of the judge model, if any
+    api_key_env: str | None = None  # environment variable holding the judge's API key
+    rubric: str = ""  # the judge's instructions: a template with {task} and {answer}
+    max_score: float = 10.0  # the judge answers a score in [0, max_score]; the reward is score / max_score
+    temperature: float = 0.0
+    max_tokens: int = 256
+    cache: bool = True  # identical judge inputs are scored once
+
+
+@dataclass
+class RewardConfig:
+    kind: str = "agent"  # agent (what the agent returns or emits) | tests (alight.rewards.tests) | judge (an LLM judge)
+    tests: TestsRewardConfig = field(default_factory=TestsRewardConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+
+
+@dataclass
 class LoggingConfig:
     dashboard: bool = True  # the live terminal view (off with --no-dashboard)
     metrics_file: str = "metrics.jsonl"  # one JSON object per step in the run directory
@@ -272,6 +315,7 @@ class LoggingConfig:
 class ExperimentConfig:
     name: str = "experiment"  # names the run directory
     agent: AgentConfig = field(default_factory=AgentConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)  # where the reward comes from (default: the agent)
     data: DataConfig = field(default_factory=DataConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
