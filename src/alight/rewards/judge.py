@@ -27,9 +27,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alight import semconv
 from alight.agent import LLM, AgentFailure, LitAgent, load_agent
@@ -38,6 +38,7 @@ from alight.errors import AlightError, one_line
 from alight.rewards.judge_cache import JudgeCache, judgement_key
 from alight.rewards.judge_score import JudgeAnswerError, judge_messages, parse_score, task_text
 from alight.tracing import agent_scope, current_attempt
+from alight.tracing.context import set_frame
 from alight.types import Attempt, Rollout, Span, SpanKind, SpanStatus
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ _SETTLE_POLL_S = 0.1
 JUDGE = semconv.JUDGE_AGENT
 #: Wall-clock limit of one judge call.
 JUDGE_CALL_TIMEOUT_S = 300.0
+T = TypeVar("T")
 
 
 class JudgedAgent(LitAgent):
@@ -164,7 +166,7 @@ class JudgedAgent(LitAgent):
         span = context.start_span("llm.chat", SpanKind.LLM, attributes) if context is not None else None
         started = time.perf_counter()
         try:
-            generation = await asyncio.wait_for(self._engine.chat(request), JUDGE_CALL_TIMEOUT_S)
+            generation = await asyncio.wait_for(_untraced(self._engine.chat(request)), JUDGE_CALL_TIMEOUT_S)
         except (AlightError, TimeoutError) as err:
             if span is not None:
                 span.end(SpanStatus.ERROR, one_line(err, 300))
@@ -181,6 +183,13 @@ class JudgedAgent(LitAgent):
             span.end()
         content = (generation.message or {}).get("content")
         return content if isinstance(content, str) or content is None else str(content)
+
+
+async def _untraced(call: Awaitable[T]) -> T:
+    """Await `call` outside the attempt (in its own task's context): the SDK that LiteLLM uses is
+    not traced, so the judge's span recorded here is the call's one record."""
+    set_frame(None)
+    return await call
 
 
 async def final_answer(rollout_id: str, attempt_id: str | None) -> str:
