@@ -80,7 +80,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "trainer": {
             *("adapters", "agent", "algorithms", "backends", "command_agent", "config", "data", "engines"),
             "entrypoints",
-            *("models", "proxy", "runner", "serving", "store", "tracing"),
+            *("models", "proxy", "rewards", "runner", "serving", "store", "tracing"),  # rewards: the judge wraps agents
         },
         "<root>": {"agent", "config", "store", "tracing", "trainer"},
         "cli": {"trainer", "config", "dashboard", "<root>"},

@@ -19,6 +19,8 @@ OTEL_EVENTS = "otel.events"  # OTLP ingest: the span's events, [{"name", "time_u
 # -- every span made inside an agent --
 AGENT_NAME = "alight.agent.name"  # which agent (of a multi-agent workflow) made the span
 RESOURCES_VERSION = "alight.resources_version"  # resource set / weights version that served an LLM call
+#: The agent name of an LLM judge's calls (reward.kind=judge): recorded, never trained on (the adapter drops them).
+JUDGE_AGENT = "alight.judge"
 
 # -- LLM calls (kind=llm, name "llm.chat" or "llm.completion") --
 LLM_SOURCE = "llm.source"  # "proxy" (alight's proxy wrote it, with token ids), "client" (instrumentation) or:

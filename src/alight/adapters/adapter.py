@@ -29,6 +29,7 @@ from alight.adapters.trajectory import merge_trajectories
 from alight.errors import ConfigError
 from alight.semconv import (
     AGENT_NAME,
+    JUDGE_AGENT,
     LLM_PROMPT_TOKEN_IDS,
     LLM_RESPONSE_LOGPROBS,
     LLM_RESPONSE_TOKEN_IDS,
@@ -65,7 +66,8 @@ class SpanAdapter:
     """Turns the spans of one attempt into transitions; built once, used for every rollout.
 
     - Keeps the LLM calls whose agent name fully matches `agent_match` (`re.fullmatch`; a call
-      without an agent name is matched as ""; None keeps every call).
+      without an agent name is matched as ""; None keeps every call). An LLM judge's calls
+      (agent `semconv.JUDGE_AGENT`, reward.kind=judge) are recorded but never kept.
     - Orders them by sequence id (ties: start time, then input order).
     - Uses the span's token ids; when they are missing and a `tokenizer` is given, rebuilds them
       from the messages (`alight.adapters.retokenize`), else skips the call. All counted in stats.
@@ -108,10 +110,12 @@ class SpanAdapter:
         self._matches: dict[str | None, bool] = {}
 
     def matches(self, agent_name: str | None) -> bool:
-        """Whether calls of this agent are trained on."""
+        """Whether calls of this agent are trained on (never the LLM judge's, `JUDGE_AGENT`)."""
         known = self._matches.get(agent_name)
         if known is None:
-            known = self._pattern is None or self._pattern.fullmatch(agent_name or "") is not None
+            known = agent_name != JUDGE_AGENT and (
+                self._pattern is None or self._pattern.fullmatch(agent_name or "") is not None
+            )
             self._matches[agent_name] = known
         return known
 

@@ -25,7 +25,7 @@ from alight.adapters import AdaptedRollout, AdapterStats, SpanAdapter
 from alight.adapters.spans import is_final_reward, reward_value
 from alight.algorithms.advantages import compute_advantages, group_index
 from alight.algorithms.credit import Credit
-from alight.semconv import AGENT_NAME
+from alight.semconv import AGENT_NAME, JUDGE_AGENT
 from alight.store.columns import LLMColumns
 
 Ints = npt.NDArray[np.int64]
@@ -109,8 +109,9 @@ def fast_rows(
     index = cols.rollout_index
     in_fast = fast[index]
     keep = in_fast
-    if adapter.agent_match is not None:
-        matched = {agent: adapter.matches(agent) for agent in set(cols.agents)}
+    names = set(cols.agents)
+    if adapter.agent_match is not None or JUDGE_AGENT in names:  # an LLM judge's calls are never trained on
+        matched = {agent: adapter.matches(agent) for agent in names}
         keep = in_fast & np.fromiter(map(matched.__getitem__, cols.agents), dtype=np.bool_, count=len(cols.agents))
     n_fast = int(fast.sum())
     stats.rollouts += n_fast

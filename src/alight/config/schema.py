@@ -292,6 +292,7 @@ class JudgeConfig:
     temperature: float = 0.0
     max_tokens: int = 256
     cache: bool = True  # identical judge inputs are scored once
+    task_field: str | None = None  # task field shown to the judge as {task}; None: the task (JSON unless a string)
 
 
 @dataclass

@@ -148,6 +148,7 @@ def run_dev(
     best_prompt.json or a text file) is published as the `algorithm.apo.resource` PromptTemplate
     agents read. Every input problem raises ConfigError before a worker starts."""
     from alight.models.progress import quiet_progress_bars
+    from alight.rewards.checks import check_reward
     from alight.runner.factory import check_pool
     from alight.trainer.run_dir import new_run_dir
     from alight.trainer.stack import LocalStack, check_endpoint, runner_agent
@@ -162,6 +163,7 @@ def run_dev(
     threads = ThreadPolicy.from_config(cfg.trainer.torch_threads, cfg.trainer.torch_interop_threads, cfg.engine.device)
     check_pool(cfg.runner)
     runner_agent(cfg.agent)  # an entrypoint that does not import, a missing program: one line, here
+    check_reward(cfg.reward)
     extra: dict[str, Any] = {}
     if prompt is not None:
         from alight.algorithms.apo.record import load_prompt

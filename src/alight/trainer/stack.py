@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alight.config.schema import AgentConfig, EngineConfig, ExperimentConfig
+from alight.config.schema import AgentConfig, EngineConfig, ExperimentConfig, RewardConfig
 from alight.errors import ConfigError
 from alight.serving.advertise import check_advertise_url
 from alight.serving.auth import TOKEN_ENV, is_loopback, resolve_token
@@ -72,6 +72,20 @@ def runner_agent(agent: AgentConfig, *, check: bool = True) -> str | LitAgent:
 
         return NamedEntrypoint(agent.entrypoint, agent.name)
     return agent.entrypoint
+
+
+def judged_agent(agent: str | LitAgent, reward: RewardConfig, run_dir: Path | None) -> str | LitAgent:
+    """`agent` (as `runner_agent` returns it), wrapped so an LLM judge gives its reward when
+    `reward.kind` is judge (alight.rewards.judge), with the run's shared score cache in `run_dir`."""
+    from alight.rewards.checks import check_reward
+
+    check_reward(reward)
+    if reward.kind != "judge":
+        return agent
+    from alight.rewards.judge import JudgedAgent
+    from alight.rewards.judge_cache import CACHE_FILE
+
+    return JudgedAgent(agent, reward.judge, cache_path=None if run_dir is None else run_dir / CACHE_FILE)
 
 
 def runner_command(agent: str | LitAgent) -> str:
@@ -188,7 +202,7 @@ class LocalStack:
             if self.n_runners > 0:
                 self.pool = make_pool(
                     self.cfg.runner,
-                    runner_agent(self.cfg.agent, check=False),
+                    judged_agent(runner_agent(self.cfg.agent, check=False), self.cfg.reward, self.run_dir),
                     self.store_advertise_url,
                     n_runners=self.n_runners,
                     token=self.token,
