@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import Any
 
 
 def attempt(action) -> str:  # type: ignore[no-untyped-def]
@@ -48,7 +49,7 @@ def allocate(mb: int) -> None:
     block[-1] = 1
 
 
-def probe(task: dict) -> None:
+def probe(task: dict[str, Any]) -> None:
     tried = {
         "host loopback service": attempt(lambda: connect("127.0.0.1", task["host_port"])),
         "outside address": attempt(lambda: connect("203.0.113.7", 80)),
@@ -73,7 +74,7 @@ def probe(task: dict) -> None:
     print(1.0)
 
 
-def linger(task: dict) -> None:
+def linger(task: dict[str, Any]) -> None:
     grandchild = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
     subprocess.Popen([sys.executable, "-c", grandchild, task["marker"]], start_new_session=True)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
