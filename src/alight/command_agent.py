@@ -57,7 +57,7 @@ from alight import semconv
 from alight.agent import LLM, AgentFailure, LitAgent
 from alight.config.schema import RewardConfig, SandboxConfig
 from alight.errors import ConfigError
-from alight.rewards.tests import tests_reward
+from alight.rewards.tests import reward_from_tests
 from alight.sandbox.base import RunResult, SandboxError
 from alight.sandbox.factory import open_sandbox, sandbox_environment
 from alight.sandbox.process import run_process
@@ -117,7 +117,7 @@ class CommandAgent(LitAgent):
                 env = sandbox_environment(box, variables)
                 reward = await self._attempt(task, env, box.private, functools.partial(box.run, timeout_s=self.time_s))
                 if self.reward is not None and self.reward.kind == "tests":
-                    return await tests_reward(box, self.reward.tests, task, Path(self.cwd))
+                    return await reward_from_tests(box, self.reward.tests, task, Path(self.cwd))
                 return reward
         except SandboxError as err:
             raise AgentFailure(f"agent {self.name}: {err}") from None

@@ -16,7 +16,7 @@ from alight.agent import AgentFailure
 from alight.command_agent import CommandAgent
 from alight.config import schema
 from alight.config.schema import RewardConfig, SandboxConfig
-from alight.rewards.tests import Counts, parse_junit, parse_pytest_summary, tests_reward
+from alight.rewards.tests import Counts, parse_junit, parse_pytest_summary, reward_from_tests
 from alight.runner.pool import RunnerPool
 from alight.sandbox.factory import open_sandbox
 from alight.sandbox.local import check_local
@@ -155,7 +155,7 @@ def test_no_tests_or_no_counts_fail_the_attempt_in_one_line(tmp_path: Path, scri
     async def score() -> float | None:
         async with open_sandbox(SandboxConfig(), source=None, allow=[]) as box:
             (box.workdir / "report.xml").write_text(PYTEST_JUNIT)  # left by the agent: not the tests' answer
-            return await tests_reward(box, config, {}, tmp_path)
+            return await reward_from_tests(box, config, {}, tmp_path)
 
     if expected is None:
         assert asyncio.run(score()) == 0.5  # the summary, since the command wrote no report of its own

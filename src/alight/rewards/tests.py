@@ -118,7 +118,7 @@ def hidden_tests(task: Any, field: str | None, base: Path) -> Path | None:
     return folder
 
 
-async def tests_reward(box: Sandbox, config: TestsRewardConfig, task: Any, base: Path) -> float | None:
+async def reward_from_tests(box: Sandbox, config: TestsRewardConfig, task: Any, base: Path) -> float | None:
     """Copy the hidden tests in, run the test command in `box`: the share that passed, or None when
     it is recorded as the attempt's REWARD span (inside an attempt, where the runner takes it from
     there). AgentFailure, in one line, when no share can be read."""
