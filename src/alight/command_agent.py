@@ -57,9 +57,9 @@ from alight import semconv
 from alight.agent import LLM, AgentFailure, LitAgent
 from alight.config.schema import RewardConfig, SandboxConfig
 from alight.errors import ConfigError
-from alight.rewards.tests import reward_from_tests
+from alight.rewards.tests import check_tests_reward, reward_from_tests
 from alight.sandbox.base import RunResult, SandboxError
-from alight.sandbox.factory import open_sandbox, sandbox_environment
+from alight.sandbox.factory import check_sandbox, open_sandbox, sandbox_environment
 from alight.sandbox.process import run_process
 from alight.tracing.context import current_attempt, current_frame
 from alight.types import Attempt, Rollout, SpanKind
@@ -200,6 +200,13 @@ def command_agent(
         if len(parts) == len(list(command)):
             return CommandAgent(parts, name, **options)
     raise ConfigError(f"agent.command must be a list of strings or a string, got {command!r}")
+
+
+def check_command_agent(command: Any, sandbox: SandboxConfig, reward: RewardConfig) -> None:
+    """One-line ConfigErrors, at config load, for a sandbox or a tests reward this machine cannot run."""
+    check_tests_reward(reward.kind, reward.tests, command)
+    if command is not None and (sandbox.kind != "none" or sandbox.workdir is not None or reward.kind == "tests"):
+        check_sandbox(sandbox)
 
 
 def parse_reward(text: str) -> float | None:
