@@ -5,6 +5,7 @@ and a runner pool: a command agent edits a tiny repository in its sandbox, then 
 from __future__ import annotations
 
 import asyncio
+import pickle
 import shlex
 import sys
 import time
@@ -107,6 +108,7 @@ def test_the_hidden_tests_decide_the_reward_after_the_agent_edits_its_working_co
     )
     sandbox = SandboxConfig(kind=kind, workdir="repo", time_s=60)
     agent = CommandAgent([sys.executable, str(AGENT)], name="fixer", sandbox=sandbox, reward=reward)
+    assert pickle.loads(pickle.dumps(agent)).sandbox == sandbox  # it travels to pool workers and Ray actors
     with (
         StoreServer(SqliteStore(tmp_path / "store.db")) as store_server,
         RunnerPool(agent, store_server.url, n_runners=1, instrument=False, heartbeat_interval_s=0.5),
