@@ -230,3 +230,15 @@ def test_docker_runs_in_the_working_copy_without_network(tmp_path: Path) -> None
     script = "import socket; print(open('f.txt').read()); socket.create_connection(('1.1.1.1', 53), timeout=3)"
     result, _ = run(config, ["python3", "-c", script], source=tmp_path / "repo", timeout_s=120)
     assert result.stdout_tail.decode().startswith("in the copy") and result.code != 0
+
+
+def test_the_program_holds_no_privilege_over_its_sandbox() -> None:
+    check_local()
+    tries = (
+        "mount -o remount,rw /usr; echo remount $?; umount /usr; echo umount $?; "
+        "cat /proc/1/environ >/dev/null; echo init-environ $?; "
+        "unshare --user --map-root-user --mount mount -o remount,rw /usr; echo nested $?"
+    )
+    result, _ = run(SandboxConfig(kind="local"), ["/bin/sh", "-c", tries])
+    codes = dict(line.split() for line in result.stdout_tail.decode().splitlines())
+    assert all(code != "0" for code in codes.values()) and len(codes) == 4, codes
