@@ -16,14 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from alight.errors import AlightError
+from alight.sandbox.result import RunResult, SandboxError, Sink
 
-#: How much of the end of a command's stdout and stderr a RunResult keeps.
-TAIL_BYTES = 8192
-
-
-class SandboxError(AlightError, code="sandbox_error"):
-    """A sandbox could not be set up (a missing program, a kernel without namespaces)."""
+__all__ = ["Launch", "RunResult", "Sandbox", "SandboxError", "SandboxSettings", "Sink", "task_folder"]
 
 
 class SandboxSettings(Protocol):
@@ -36,21 +31,6 @@ class SandboxSettings(Protocol):
     memory_mb: int | None
     expose: list[str]
     image: str | None
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """How a command ended: its exit code (-N: killed by signal N), the ends of its output, and
-    whether it ran past its time limit (then it and everything it started were killed)."""
-
-    code: int
-    stdout_tail: bytes = b""
-    stderr_tail: bytes = b""
-    timed_out: bool = False
-
-
-#: Called with each chunk of a command's stdout as it arrives (b"" at its end).
-Sink = Callable[[bytes], None]
 
 
 class Sandbox(ABC):
