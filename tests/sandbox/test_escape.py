@@ -108,7 +108,7 @@ def test_an_agent_that_tries_to_escape_is_stopped_every_time_and_the_run_goes_on
         "beside_store": str(tmp_path / "escaped.txt"),
         "allocate_mb": 512,
     }
-    sandbox = SandboxConfig(kind="local", time_s=4.0, memory_mb=256, cpu_s=30)
+    sandbox = SandboxConfig(kind="local", time_s=10.0, memory_mb=256, cpu_s=30)
     agent = CommandAgent([sys.executable, str(AGENT)], name="escaper", sandbox=sandbox)
     try:
         with StoreServer(SqliteStore(store_file), token=TOKEN, watchdog_interval_s=0.5) as store_server:
@@ -124,7 +124,7 @@ def test_an_agent_that_tries_to_escape_is_stopped_every_time_and_the_run_goes_on
     finally:
         listener.close()
     (linger, error, _), (probed, _, spans) = ended
-    assert linger.status == RolloutStatus.FAILED and "time_s=4.0" in (error or ""), (linger, error)
+    assert linger.status == RolloutStatus.FAILED and "time_s=10.0" in (error or ""), (linger, error)
     assert _processes_with(marker) == []  # the grandchild that ignored SIGTERM died with the namespace
     assert probed.status == RolloutStatus.SUCCEEDED and probed.reward == 1.0, probed  # the run went on
     [call] = [span for span in spans if span.kind is SpanKind.LLM]  # its own model call, recorded
