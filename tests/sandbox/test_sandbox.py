@@ -242,3 +242,25 @@ def test_the_program_holds_no_privilege_over_its_sandbox() -> None:
     result, _ = run(SandboxConfig(kind="local"), ["/bin/sh", "-c", tries])
     codes = dict(line.split() for line in result.stdout_tail.decode().splitlines())
     assert all(code != "0" for code in codes.values()) and len(codes) == 4, codes
+
+
+def test_a_cancelled_attempt_takes_its_whole_namespace_with_it() -> None:
+    check_local()
+    marker = f"sandbox-cancel-{uuid.uuid4().hex}"
+    child = f"{LINGER}time.sleep(3600)"
+    script = f"{LINGER}subprocess.Popen([sys.executable, '-c', {child!r}, {marker!r}], start_new_session=True); "
+    script += "print('started', flush=True); time.sleep(3600)"
+
+    async def cancel_once_started() -> None:
+        started = asyncio.Event()
+        async with open_sandbox(SandboxConfig(kind="local"), source=None, allow=[]) as box:
+            sink = lambda chunk: started.set() if b"started" in chunk else None  # noqa: E731
+            task = asyncio.ensure_future(box.run([PY, "-c", script], env=sandbox_environment(box), stdout=sink))
+            await asyncio.wait_for(started.wait(), 60)
+            assert _processes_with(marker)  # the grandchild runs (in its own session)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(cancel_once_started())
+    assert _processes_with(marker) == []
