@@ -50,18 +50,23 @@ def engine_options(engine: EngineConfig, *, model: str | None = None) -> tuple[s
     return engine.kind, options
 
 
-def runner_agent(agent: AgentConfig, *, check: bool = True) -> str | LitAgent:
+def runner_agent(agent: AgentConfig, *, check: bool = True, reward: RewardConfig | None = None) -> str | LitAgent:
     """What runners run for a config's `agent` section: its entrypoint (each runner imports it), or
-    a `CommandAgent` for `agent.command` (sent to runners as it is). With `check`, an entrypoint
-    that does not import, or a command whose executable is missing, raises a one-line ConfigError."""
+    a `CommandAgent` for `agent.command` (sent to runners as it is, with its sandbox and `reward`).
+    With `check`, an entrypoint that does not import, a command whose executable is missing, or a
+    sandbox or tests reward this machine cannot run raises a one-line ConfigError."""
     from alight.config.loading import AGENT_CHOICE
 
     if (agent.entrypoint is None) == (agent.command is None):
         raise ConfigError(AGENT_CHOICE)
+    if check:
+        from alight.command_agent import check_command_agent
+
+        check_command_agent(agent.command, agent.sandbox, reward if reward is not None else RewardConfig())
     if agent.command is not None:
         from alight.command_agent import command_agent
 
-        return command_agent(agent.command, agent.name)
+        return command_agent(agent.command, agent.name, sandbox=agent.sandbox, reward=reward)
     assert agent.entrypoint is not None
     if check:
         from alight.agent import load_agent
@@ -202,7 +207,9 @@ class LocalStack:
             if self.n_runners > 0:
                 self.pool = make_pool(
                     self.cfg.runner,
-                    judged_agent(runner_agent(self.cfg.agent, check=False), self.cfg.reward, self.run_dir),
+                    judged_agent(
+                        runner_agent(self.cfg.agent, check=False, reward=self.cfg.reward), self.cfg.reward, self.run_dir
+                    ),
                     self.store_advertise_url,
                     n_runners=self.n_runners,
                     token=self.token,
@@ -218,7 +225,7 @@ class LocalStack:
         reach the store."""
         from urllib.parse import urlsplit
 
-        agent = runner_command(runner_agent(self.cfg.agent, check=False))
+        agent = runner_command(runner_agent(self.cfg.agent, check=False, reward=self.cfg.reward))
         command = f"alight runner --store {self.store_advertise_url} {agent}"
         if self.token is not None:
             command += f" (with ALIGHT_RUNNER_CREDENTIAL set to a runner credential, or {TOKEN_ENV} to the run's token)"
