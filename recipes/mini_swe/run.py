@@ -8,7 +8,8 @@ task's `problem_statement`, non-interactive (`--yolo --exit-immediately`), with 
 `mini_swe.yaml` beside this file and only these set from outside: the model (LiteLLM's
 `openai/<ALIGHT_MODEL>` at `api_base = OPENAI_BASE_URL`; LiteLLM reads the key from
 `OPENAI_API_KEY`), cost tracking off, the step limit. mini's console goes to stderr, so nothing on
-stdout reads as a reward: the hidden tests decide it (`reward.kind: tests`).
+stdout reads as a reward: the hidden tests decide it (`reward.kind: tests`). The driver exits 0
+when mini ended the episode itself (AGENT_ENDINGS, read from its trajectory), else with mini's code.
 
     python recipes/mini_swe/run.py --step-limit 8      # in a repository, with the variables above
 """
@@ -26,6 +27,12 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 MINI_CONFIG = HERE / "mini_swe.yaml"
+#: mini's exit statuses that end an episode as the agent left it (its edits are scored by the hidden
+#: tests): it submitted, ran out of steps or time, kept answering out of format, or filled the model's
+#: context. Any other ending (the proxy unreachable, a crash) fails the attempt, which alight retries.
+AGENT_ENDINGS = frozenset(
+    {"Submitted", "LimitsExceeded", "TimeExceeded", "RepeatedFormatError", "ContextWindowExceededError"}
+)
 #: Fields of a task row that may hold the issue text, in order (SWE-bench's first).
 PROBLEM_FIELDS = ("problem_statement", "question", "task", "prompt")
 
@@ -117,10 +124,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         env = mini_environment(Path(scratch), args.retries)
         done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=sys.stderr, env=env, check=False)
-        if done.returncode == 0 and output.is_file():
-            info = json.loads(output.read_text(encoding="utf-8")).get("info", {})
-            print(f"mini_swe: exit status {info.get('exit_status')!r}", file=sys.stderr)
-        return done.returncode
+        status = exit_status(output)
+        print(f"mini_swe: mini exited {done.returncode}, exit status {status!r}", file=sys.stderr)
+        return 0 if status in AGENT_ENDINGS else done.returncode or 1
+
+
+def exit_status(trajectory: Path) -> str | None:
+    """The exit status mini saved in its trajectory file (None without one)."""
+    try:
+        info = json.loads(trajectory.read_text(encoding="utf-8")).get("info", {})
+    except (OSError, ValueError, AttributeError):
+        return None
+    status = info.get("exit_status") if isinstance(info, dict) else None
+    return str(status) if status else None
 
 
 if __name__ == "__main__":
