@@ -13,6 +13,11 @@ sandbox, the proxy, the store, the runner pool, the tests reward) is real.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,3 +143,121 @@ def test_every_model_call_is_recorded_and_attributed_to_mini_swe(ended: dict[str
         assert agent.name == "mini_swe" and all(s.parent_id == agent.span_id for s in calls)
         first = calls[0].attributes[semconv.LLM_REQUEST_MESSAGES]
         assert "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in first[0]["content"]  # mini's own (config) prompt
+
+
+# -- the driver alone, in a plain working copy (no sandbox, no proxy) ---------------------------------
+
+
+def drive(workdir: Path, task: Any, base_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """recipes/mini_swe/run.py in `workdir` with the variables alight gives a command agent."""
+    task_file = workdir.parent / "task.json"
+    task_file.write_text(json.dumps(task))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI", "ALIGHT"))}
+    env |= {"ALIGHT_TASK_FILE": str(task_file), "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "k"}
+    env["ALIGHT_MODEL"] = "policy"
+    return subprocess.run(
+        [sys.executable, str(RUN), *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_driver_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "w").mkdir()
+    done = drive(tmp_path / "w", {"instance_id": "x"}, "http://127.0.0.1:9/v1")
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "mini_swe: the task has no problem statement (one of problem_statement, question, task, prompt)"
+    ]
+    done = drive(tmp_path / "w", {"problem_statement": "p"}, "http://127.0.0.1:9/v1", "--step-limit", "0")
+    assert done.returncode == 2 and "--step-limit" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run([sys.executable, str(RUN)], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    assert done.returncode == 2 and "ALIGHT_TASK_FILE, OPENAI_BASE_URL, ALIGHT_MODEL unset" in done.stderr
+
+
+def test_out_of_format_answers_end_the_episode_and_an_unreachable_model_fails_it(tmp_path: Path) -> None:
+    """Three replies without a ```bash block: mini ends with RepeatedFormatError, the driver exits 0
+    (the hidden tests score what the agent left); a model that cannot be reached (LiteLLM raises
+    InternalServerError) is a crash: exit 1, and alight retries the attempt."""
+    task = make_tasks("train")[0]
+    shutil.copytree(task["repo"], tmp_path / "w")
+    with ScriptedOpenAIServer([answer("I would rather chat.")] * 3) as server:
+        done = drive(tmp_path / "w", task, server.url, "--step-limit", "5")
+        assert len(server.requests) == 3
+    assert done.returncode == 0 and "exit status 'RepeatedFormatError'" in done.stderr, done.stderr[-2000:]
+    assert done.stdout == ""  # nothing that could read as a reward
+    done = drive(tmp_path / "w", task, "http://127.0.0.1:9/v1", "--retries", "1")
+    assert done.returncode == 1 and "exit status 'InternalServerError'" in done.stderr, done.stderr[-2000:]
+
+
+# -- alight train on the recipe ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_alight_train_runs_two_steps_of_mini_swe_with_the_embedded_engine(tmp_path: Path) -> None:
+    """The CLI, the embedded tiny model (untrained: the rewards are what the hidden tests give the
+    repository as it edits it, mostly the PASS_TO_PASS share), the local sandbox and the tests reward."""
+    from alight.store.sqlite import SqliteStore
+    from alight.types import RolloutMode
+
+    run_dir = tmp_path / "run"
+    overrides = ["trainer.steps=2", "trainer.batch_size=1", "trainer.group_size=2", "trainer.val_size=1"]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "alight",
+            "train",
+            str(CONFIG),
+            *overrides,
+            "logging.plot=false",
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    for m in metrics[1:]:
+        assert m["rollouts/succeeded"] == 2 and 0.0 <= m["train/reward_mean"] <= 1.0 and m["transitions"] >= 2
+    assert all(0.0 <= m["val/reward_mean"] <= 1.0 for m in (metrics[0], metrics[2]))
+
+    async def read() -> list[tuple[Rollout, list[Span]]]:
+        store = SqliteStore(run_dir / "store.db")
+        try:
+            rollouts = await store.list_rollouts(mode=RolloutMode.TRAIN)
+            return [(r, await store.query_spans(r.rollout_id)) for r in rollouts]
+        finally:
+            await store.close()
+
+    stored = asyncio.run(read())
+    assert len(stored) == 4
+    for rollout, spans in stored:
+        [tests] = [s for s in spans if s.kind == SpanKind.REWARD]
+        assert rollout.reward == tests.attributes[semconv.REWARD_VALUE]
+        calls = [s for s in spans if s.kind == SpanKind.LLM]
+        assert calls and {s.attributes.get(semconv.AGENT_NAME) for s in calls} == {"mini_swe"}
+        # the embedded engine's token ids on each answered call (a call past the tiny model's context has none)
+        assert any(s.attributes.get(semconv.LLM_RESPONSE_TOKEN_IDS) for s in calls)
+
+
+def test_a_full_context_ends_the_episode_with_the_edits_kept(tmp_path: Path) -> None:
+    """The model's context fills up after the edit (the server answers with OpenAI's wording, as
+    the embedded engine does): mini stops with ContextWindowExceededError, which ends the episode
+    like a submit (exit 0), and the working copy keeps the fix for the hidden tests."""
+    [task] = [t for t in make_tasks("train") if t["instance_id"] == "pager__pager-7"]
+    shutil.copytree(task["repo"], tmp_path / "w")
+
+    def model(request: dict[str, Any]) -> dict[str, Any]:
+        if any(m["role"] == "assistant" for m in request["messages"]):
+            raise ValueError("This model's maximum context length is 1024 tokens; the prompt is 1052")
+        return competent_model(request)
+
+    with ScriptedOpenAIServer(model) as server:
+        done = drive(tmp_path / "w", task, server.url, "--retries", "1")
+    assert done.returncode == 0 and "exit status 'ContextWindowExceededError'" in done.stderr, done.stderr[-2000:]
+    assert "-(-len(self.items) // self.per_page)" in (tmp_path / "w" / "pager" / "pages.py").read_text()
