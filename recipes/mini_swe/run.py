@@ -17,6 +17,7 @@ when mini ended the episode itself (AGENT_ENDINGS, read from its trajectory), el
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -101,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.step_limit < 1 or args.retries < 1:
             raise UsageError("--step-limit and --retries must be at least 1")
+        if importlib.util.find_spec("minisweagent") is None:
+            raise UsageError('mini-swe-agent is not installed: pip install "alight[mini-swe]"')
+        if not args.config.is_file():
+            raise UsageError(f"--config {args.config}: no such file")
         missing = [k for k in ("ALIGHT_TASK_FILE", "OPENAI_BASE_URL", "ALIGHT_MODEL") if not os.environ.get(k)]
         if missing:
             raise UsageError(f"not run by alight: {', '.join(missing)} unset")

@@ -168,6 +168,8 @@ def test_the_driver_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     ]
     done = drive(tmp_path / "w", {"problem_statement": "p"}, "http://127.0.0.1:9/v1", "--step-limit", "0")
     assert done.returncode == 2 and "--step-limit" in done.stderr and "Traceback" not in done.stderr
+    done = drive(tmp_path / "w", {"problem_statement": "p"}, "http://127.0.0.1:9/v1", "--config", "nope.yaml")
+    assert done.returncode == 2 and done.stderr.strip() == "mini_swe: --config nope.yaml: no such file"
     done = subprocess.run([sys.executable, str(RUN)], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
     assert done.returncode == 2 and "ALIGHT_TASK_FILE, OPENAI_BASE_URL, ALIGHT_MODEL unset" in done.stderr
 
