@@ -18,6 +18,24 @@ from alight.store.sqlite import SqliteStore
 from tests.cli.test_dev_and_trace import alight
 from tests.cli.test_dev_eval import even_right_script, write_eval_config
 from tests.fixtures.openai_server import ScriptedOpenAIServer, answer, tool_call
+from tests.trainer.test_fit_calc import CALC
+
+#: A short calc run that still learns the tool-call format: a warm start on demonstrations that
+#: always call the tool, one GRPO step, checkpoints at steps 0 (the warm start) and 1.
+SHORT_CALC = [
+    "warm_start.steps=120",
+    "warm_start.size=400",
+    "warm_start.batch_size=8",
+    "warm_start.generator_kwargs.tool_rate=1.0",
+    "trainer.steps=1",
+    "trainer.batch_size=2",
+    "trainer.group_size=2",
+    "trainer.val_every=0",
+    "trainer.save_every=1",
+    "runner.n_runners=2",
+    "engine.sampling.max_tokens=128",  # a tool call takes ~100 tokens of the byte-level tokenizer
+    "logging.dashboard=false",
+]
 
 
 async def _store_rewards(db: Path) -> tuple[dict[str, list[float]], int]:
@@ -147,3 +165,28 @@ def test_eval_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (args, done.stderr)
     assert not (tmp_path / "runs").exists()  # nothing ran for refused input
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_eval_on_calc_warm_start_against_the_trained_run(tmp_path: Path) -> None:
+    """The tiny model warm-started by a short calc run (its step-0 checkpoint) against the run
+    itself (its newest checkpoint), 4 samples on each of 4 val tasks through the embedded engine:
+    the JSON's pass@k, intervals and paired difference match a recomputation from the stores."""
+    output = f"trainer.output_dir={tmp_path / 'runs'}"
+    trained = alight("train", str(CALC), *SHORT_CALC, output, "--json", timeout=600)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    run_dir = Path(json.loads(trained.stdout.strip().splitlines()[-1])["run_dir"])
+    warm = run_dir / "checkpoints" / "step_000000"
+    done = alight(
+        "eval", str(CALC), "data.val_size=4", "runner.n_runners=2", "engine.sampling.max_tokens=128", output,
+        "--split", "val", "--n", "4", "--k", "1,2,4", "--temperature", "1", "--seed", "11",
+        "--model", str(warm), "--model", str(run_dir), "--json", timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert (report["source"], report["tasks"], report["n"], report["seed"]) == ("val", 4, 4, 11)
+    assert [m["model"] for m in report["models"]] == [str(warm), str(run_dir / "checkpoints" / "step_000001")]
+    assert [row["name"] for row in report["per_task"]] == [row["task"]["id"] for row in report["per_task"]]
+    means = check_against_the_stores(report)
+    assert any(reward > 0 for task_means in means for reward in task_means), means  # pass@k is not trivially 0

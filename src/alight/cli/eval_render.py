@@ -48,39 +48,47 @@ def eval_report(report: EvalReport, *, as_json: bool, per_task: bool) -> None:
         f" temperature {report.temperature:g}",
         title_justify="left",
     )
-    for column in ("model", f"mean reward ({level} CI)", *(f"pass@{k}" for k in report.ks)):
-        table.add_column(column, no_wrap=column != "model", overflow="fold")
-    table.add_column(f"vs {printable(report.models[0].label)} ({level} CI, P(≤0))", no_wrap=True)
-    table.add_column("failed", justify="right")
-    for model in report.models:
-        assert model.mean is not None
-        mean = f"{model.mean.value:.3f} [{model.mean.low:.3f}, {model.mean.high:.3f}]"
-        diff = model.difference
-        versus = (
-            "-"
-            if diff is None
-            else f"{diff.value:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}] {diff.share_not_better:.3f}"
+    table.add_column("")
+    for index in range(len(report.models)):
+        table.add_column(f"#{index + 1}", no_wrap=True)
+    total = report.n * len(report.tasks)
+    means = [m.mean for m in report.models]
+    diffs = [m.difference for m in report.models]
+    table.add_row(f"mean reward ({level} CI)", *(f"{i.value:.3f} [{i.low:.3f}, {i.high:.3f}]" for i in means if i))
+    for k in report.ks:
+        table.add_row(f"pass@{k}", *(f"{m.pass_at_k[k]:.3f}" for m in report.models))
+    if len(report.models) > 1:
+        table.add_row(
+            f"vs #1 ({level} CI, paired)",
+            *("-" if d is None else f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]" for d in diffs),
         )
-        failed = Text(f"{model.failed}/{report.n * len(report.tasks)}", style="red" if model.failed else "")
-        passes = (f"{model.pass_at_k[k]:.3f}" for k in report.ks)
-        table.add_row(Text(printable(model.label)), mean, *passes, versus, failed)
+        table.add_row("share of resamples ≤ 0", *("-" if d is None else f"{d.share_not_better:.3f}" for d in diffs))
+    failed = (Text(f"{m.failed}/{total}", style="red" if m.failed else "") for m in report.models)
+    table.add_row("failed rollouts (scored 0)", *failed)
     console.print(table)
+    for index, model in enumerate(report.models):
+        console.print(
+            Text(
+                f"#{index + 1}: {printable(model.label)}"
+                + (f" → {printable(model.served)}" if model.served != model.label else "")
+            )
+        )
     if per_task:
         console.print(_per_task_table(report))
     for index, model in enumerate(report.models):
         for error in model.errors:
-            console.print(f"[red]model {index + 1}: {printable(error)}[/red]")
+            console.print(Text(f"#{index + 1}: {printable(error)}", style="red"))
     console.print(
-        f"a failed rollout scores 0; success: reward >= {report.success:g}; bootstrap: {report.resamples}"
+        f"success: reward >= {report.success:g}; bootstrap: {report.resamples}"
         f" resamples of the tasks, seed {report.seed}. Stores in {report.run_dir} (alight trace reads them)"
     )
 
 
 def _per_task_table(report: EvalReport) -> Table:
-    table = Table(title="per task (each sample's reward)", title_justify="left")
+    table = Table(title="per task: each sample's reward", title_justify="left")
     table.add_column("task", overflow="fold")
-    for model in report.models:
-        table.add_column(printable(model.label), overflow="fold")
+    for index in range(len(report.models)):
+        table.add_column(f"#{index + 1}", overflow="fold")
     for index, name in enumerate(report.names):
         cells = (" ".join(f"{r:.3g}" for r in model.rewards[index]) for model in report.models)
         table.add_row(Text(printable(name)), *cells)
