@@ -120,7 +120,7 @@ def test_eval_compares_two_endpoints_with_pass_at_k_and_a_paired_interval(tmp_pa
     with ScriptedOpenAIServer(even_right_script) as even, ScriptedOpenAIServer(Alternating()) as coin:
         done = alight(
             "eval", str(config), "--model", even.url, "--model", f"coin@{coin.url}", "--split", "val", "--n", "4",
-            "--k", "1,2,4", "--temperature", "0.7", "--seed", "3", "--resamples", "500", "--json",
+            "--k", "1,2,4", "--temperature", "0.7", "--seed", "3", "--resamples", "30", "--json",
         )  # fmt: skip
         table = alight("eval", str(config), "--model", even.url, "--split", "val", "--per-task", "--temperature", "0")
     assert done.returncode == 0, done.stderr
