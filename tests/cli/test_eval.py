@@ -89,9 +89,9 @@ def check_against_the_stores(report: dict[str, Any]) -> list[list[float]]:
     for model, per_task in zip(report["models"][1:], means[1:], strict=True):
         diffs = np.array([per_task[row].mean() - means[0][row].mean() for row in draws])
         low, high = np.quantile(diffs, [0.025, 0.975], method="inverted_cdf")
-        expected = {"value": per_task.mean() - means[0].mean(), "low": low, "high": high}
-        expected["share_not_better"] = float(np.mean(diffs <= 0))
-        assert model["difference"] == pytest.approx(expected), model["label"]
+        share = float(np.mean(diffs <= 0))
+        wanted = {"value": per_task.mean() - means[0].mean(), "low": low, "high": high, "share_not_better": share}
+        assert model["difference"] == pytest.approx(wanted), model["label"]
     assert report["models"][0]["difference"] is None
     return [list(m) for m in means]
 
@@ -190,3 +190,17 @@ def test_eval_on_calc_warm_start_against_the_trained_run(tmp_path: Path) -> None
     assert [row["name"] for row in report["per_task"]] == [row["task"]["id"] for row in report["per_task"]]
     means = check_against_the_stores(report)
     assert any(reward > 0 for task_means in means for reward in task_means), means  # pass@k is not trivially 0
+
+
+def test_model_specs_ks_and_task_names() -> None:
+    from alight.errors import ConfigError
+    from alight.trainer.evaluation import parse_ks, parse_model, task_name
+
+    assert parse_model("http://h:8000/v1") == ("http://h:8000/v1", None)
+    assert parse_model("Qwen/Qwen2.5-1.5B@https://h/v1") == ("https://h/v1", "Qwen/Qwen2.5-1.5B")
+    assert parse_model("runs/calc-1") == (None, "runs/calc-1")
+    assert parse_ks(None, 1) == [1] and parse_ks(None, 8) == [1, 8] and parse_ks("4, 1,4", 4) == [1, 4]
+    with pytest.raises(ConfigError, match="--k 0"):
+        parse_ks("0,1", 4)
+    assert task_name({"instance_id": "a__b-1", "id": 3}, 0) == "a__b-1"
+    assert task_name({"question": "q"}, 2) == "#2" and task_name("plain", 5) == "#5"
