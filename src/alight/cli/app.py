@@ -137,6 +137,51 @@ def dev(
     show.dev_run(console, run, as_json=as_json)
 
 
+@app.command("eval", cls=_Command, context_settings={"allow_extra_args": False})
+def eval_(
+    config: Annotated[Path, typer.Argument(help="Experiment YAML (configs/*.yaml).")],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Hydra overrides such as runner.n_runners=2.", show_default=False)
+    ] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A model directory, checkpoint, training run directory (its newest checkpoint), LiteLLM model,"
+            " or an endpoint: URL or NAME@URL. Repeat to compare; the first is the baseline (default: the config's)."
+        ),
+    ] = None,
+    split: Annotated[str | None, typer.Option(help="Evaluate every task of this split: train or val.")] = None,
+    tasks: Annotated[Path | None, typer.Option(help="Evaluate every row of this task file instead.")] = None,
+    n: Annotated[int, typer.Option("--n", min=1, help="Samples per task and model.")] = 1,
+    k: Annotated[str | None, typer.Option("--k", help="pass@k for these k, such as 1,4 (default: 1 and n).")] = None,
+    temperature: Annotated[
+        float | None, typer.Option(help="Sampling temperature instead of the config's (0: greedy; --n > 1 needs > 0).")
+    ] = None,
+    success: Annotated[float, typer.Option(help="A sample succeeds at reward >= this (for pass@k).")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap resamples.")] = 0,
+    resamples: Annotated[int, typer.Option(min=1, help="Bootstrap resamples.")] = 2000,
+    per_task: Annotated[bool, typer.Option("--per-task", help="Also show each task's rewards.")] = False,
+    run_dir: Annotated[
+        Path | None, typer.Option(help="Where the stores are kept (default: OUTPUT_DIR/NAME-eval-TIME).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+) -> None:
+    """Evaluate models side by side on a split or task file: mean reward ± 95% CI, pass@k, paired difference.
+
+    Each model runs every task --n times through the full stack; a failed rollout scores 0."""
+    from alight.cli import eval_render as show
+    from alight.config import load_config, to_object
+    from alight.trainer.evaluation import run_eval
+
+    cfg = to_object(load_config(config, overrides or []))
+    with show.progress(quiet=as_json) as on_progress:
+        report = run_eval(
+            cfg, model or [], split=split, tasks_file=tasks, n=n, k=k, temperature=temperature, success=success,
+            seed=seed, resamples=resamples, run_dir=run_dir, on_progress=on_progress,
+        )  # fmt: skip
+    show.eval_report(report, as_json=as_json, per_task=per_task)
+
+
 @app.command(cls=_Command, context_settings={"allow_extra_args": False})
 def train(
     config: Annotated[Path, typer.Argument(help="Experiment YAML (configs/*.yaml).")],

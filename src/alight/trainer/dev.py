@@ -147,12 +147,9 @@ def run_dev(
     `on_progress` gets the counts of ended rollouts. `prompt` (an APO run directory, a
     best_prompt.json or a text file) is published as the `algorithm.apo.resource` PromptTemplate
     agents read. Every input problem raises ConfigError before a worker starts."""
-    from alight.models.progress import quiet_progress_bars
-    from alight.rewards.checks import check_reward
     from alight.runner.factory import check_pool
     from alight.trainer.run_dir import new_run_dir
-    from alight.trainer.stack import LocalStack, check_endpoint, runner_agent
-    from alight.trainer.threads import ThreadPolicy
+    from alight.trainer.stack import runner_agent
 
     started = time.monotonic()
     if all_rows and n is not None:
@@ -160,10 +157,8 @@ def run_dev(
     cfg = with_temperature(with_endpoint(cfg, endpoint, model), temperature)
     serving = served_model(cfg, model) if model is not None and endpoint is None else cfg.engine.model
     count = None if all_rows else (n or cfg.dev.n)
-    threads = ThreadPolicy.from_config(cfg.trainer.torch_threads, cfg.trainer.torch_interop_threads, cfg.engine.device)
     check_pool(cfg.runner)
-    runner_agent(cfg.agent)  # an entrypoint that does not import, a missing program: one line, here
-    check_reward(cfg.reward)
+    runner_agent(cfg.agent, reward=cfg.reward)  # a bad entrypoint, program, sandbox or tests reward: one line
     extra: dict[str, Any] = {}
     if prompt is not None:
         from alight.algorithms.apo.record import load_prompt
@@ -172,16 +167,35 @@ def run_dev(
         extra[cfg.algorithm.apo.resource] = PromptTemplate(template=load_prompt(prompt))
     split_name, tasks = dev_rows(cfg, count, split)
     run_dir = run_dir or new_run_dir(cfg, "dev")
+    results = run_on_stack(cfg, run_dir, serving, tasks, on_progress, extra)
+    return DevRun(run_dir, results, time.monotonic() - started, split=split_name, model=serving)
+
+
+def run_on_stack(
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    model: str,
+    tasks: list[Any],
+    on_progress: Callable[[dict[str, int]], None] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> list[DevResult]:
+    """Start store, proxy + engine serving `model` and runner pool in `run_dir`, run one dev rollout
+    per entry of `tasks` (in order; a task listed twice runs twice), and return their results in
+    the same order. `extra` resources are published beside the LLM."""
+    from alight.models.progress import quiet_progress_bars
+    from alight.trainer.stack import LocalStack, check_endpoint
+    from alight.trainer.threads import ThreadPolicy
+
+    threads = ThreadPolicy.from_config(cfg.trainer.torch_threads, cfg.trainer.torch_interop_threads, cfg.engine.device)
     if cfg.engine.kind == "litellm" and cfg.engine.base_url:
         check_endpoint(cfg.engine.base_url)
     quiet_progress_bars()
     if cfg.engine.kind == "embedded":  # the engine runs in this process
         threads.apply()
     n_runners = min(cfg.runner.n_runners, len(tasks))
-    with LocalStack(cfg, run_dir, model=serving, n_runners=n_runners, extra_resources=extra) as stack:
+    with LocalStack(cfg, run_dir, model=model, n_runners=n_runners, extra_resources=extra) as stack:
         assert stack.store_url is not None
-        results = asyncio.run(_run(cfg, stack.store_url, tasks, on_progress))
-    return DevRun(run_dir, results, time.monotonic() - started, split=split_name, model=serving)
+        return asyncio.run(_run(cfg, stack.store_url, tasks, on_progress))
 
 
 async def _run(

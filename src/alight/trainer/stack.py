@@ -61,8 +61,11 @@ def runner_agent(agent: AgentConfig, *, check: bool = True, reward: RewardConfig
         raise ConfigError(AGENT_CHOICE)
     if check:
         from alight.command_agent import check_command_agent
+        from alight.rewards.checks import check_reward
 
-        check_command_agent(agent.command, agent.sandbox, reward if reward is not None else RewardConfig())
+        reward = reward if reward is not None else RewardConfig()
+        check_reward(reward)
+        check_command_agent(agent.command, agent.sandbox, reward)
     if agent.command is not None:
         from alight.command_agent import command_agent
 
