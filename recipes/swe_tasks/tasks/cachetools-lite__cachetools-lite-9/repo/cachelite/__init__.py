@@ -1,0 +1,5 @@
+"""Caches."""
+
+from cachelite.lru import LRUCache
+
+__all__ = ["LRUCache"]

@@ -1,0 +1,5 @@
+"""Configuration files."""
+
+from confkit.settings import Settings
+
+__all__ = ["Settings"]

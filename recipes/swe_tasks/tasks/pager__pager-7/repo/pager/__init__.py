@@ -1,0 +1,5 @@
+"""Pagination."""
+
+from pager.pages import Paginator
+
+__all__ = ["Paginator"]

@@ -1,0 +1,5 @@
+"""Stock keeping."""
+
+from stockroom.inventory import Inventory
+
+__all__ = ["Inventory"]
