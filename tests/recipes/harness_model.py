@@ -3,12 +3,14 @@ plays a competent model through alight's proxy, standing in for an LLM that can 
 runs here can drive a coding agent).
 
 It speaks chat completions; the proxy turns each harness's own API (Codex: Responses, Claude Code:
-Anthropic Messages) into these calls and the answers back. For the task whose issue it recognises it
+Anthropic Messages) into these calls and the answers back. For each task of the shared SWE set
+(recipes/swe_tasks) whose issue it recognises, it knows the reference fix (the task's `fix.patch`) and
 does what a competent model does with that harness's tools: it reads the file the issue is about,
-edits it (Codex: `apply_patch` through its `exec_command` shell tool; Claude Code: `Read`, then `Edit`
-with the absolute path of the working directory named in Claude Code's system reminder), then ends
-with a summary. Any other request (a side call without tools) gets a short text. Every request it
-answers is counted in `calls`, so a test can compare it with the LLM spans the store holds.
+edits it (Codex: Codex's `apply_patch` format through its `exec_command` shell tool; Claude Code:
+`Read`, then an `Edit` per hunk, with the absolute path of the working directory that Claude Code
+names in its system reminder), then ends with a summary. Any other request (a side call without
+tools) gets a short text. Every request it answers is counted in `calls`, so a test can compare it
+with the LLM spans the store holds.
 """
 
 from __future__ import annotations
@@ -27,23 +29,54 @@ from xml.etree import ElementTree
 from alight.engines.base import ChatRequest, Generation
 from tests.proxy.scripted import ScriptedEngine
 
-SUMMARY = "Fixed it: the file now does what the issue asks."
+SUMMARY = "Fixed it: the code now does what the issue asks."
+REPO = Path(__file__).resolve().parents[2]
+TASKS_FILE = REPO / "recipes" / "swe_tasks" / "tasks.jsonl"
 
 
 @dataclass(frozen=True)
-class Fix:
-    """The edit that resolves one task: in `path` (relative to the repository), `old` becomes `new`."""
+class Hunk:
+    """One hunk of a reference fix: in `path` (relative to the repository), `old` becomes `new`."""
 
-    issue_phrase: str  # a phrase of the task's problem_statement that names the task
     path: str
-    old: str
-    new: str
+    lines: tuple[str, ...]  # the hunk's lines, each with its diff prefix (" ", "-", "+")
+
+    @property
+    def old(self) -> str:
+        return "\n".join(line[1:] for line in self.lines if line[0] in " -")
+
+    @property
+    def new(self) -> str:
+        return "\n".join(line[1:] for line in self.lines if line[0] in " +")
 
 
-def codex_patch(fix: Fix) -> str:
-    """The shell command a Codex model sends to edit a file: Codex's `apply_patch` format."""
-    lines = ["*** Begin Patch", f"*** Update File: {fix.path}", "@@"]
-    lines += [f"-{line}" for line in fix.old.splitlines()] + [f"+{line}" for line in fix.new.splitlines()]
+def hunks_of(patch: str) -> list[Hunk]:
+    """The hunks of a unified diff (paths a/..., b/...)."""
+    hunks: list[Hunk] = []
+    path, lines = "", list[str]()
+    for line in [*patch.splitlines(), "@@ end"]:
+        if line.startswith(("@@", "--- ", "+++ ")) and lines:
+            hunks.append(Hunk(path, tuple(lines)))
+            lines = []
+        if line.startswith("+++ "):
+            path = line[4:].strip().removeprefix("b/")
+        elif not line.startswith(("@@", "--- ", "\\")):
+            lines.append(line if line else " ")
+    return hunks
+
+
+def task_fix(task: dict[str, Any]) -> list[Hunk]:
+    """The reference fix of a task of the shared set: `fix.patch` beside its `repo/`."""
+    return hunks_of((Path(task["repo"]).parent / "fix.patch").read_text())
+
+
+def codex_patch(hunks: list[Hunk]) -> str:
+    """The shell command a Codex model sends to edit files: Codex's `apply_patch` format."""
+    lines = ["*** Begin Patch"]
+    for path in dict.fromkeys(hunk.path for hunk in hunks):
+        lines.append(f"*** Update File: {path}")
+        for hunk in (h for h in hunks if h.path == path):
+            lines += ["@@", *hunk.lines]
     return "apply_patch <<'PATCH'\n" + "\n".join([*lines, "*** End Patch"]) + "\nPATCH\n"
 
 
@@ -55,27 +88,34 @@ def _text(message: dict[str, Any]) -> str:
 
 
 class CodingModel(ScriptedEngine):
-    """Plays `harness` ("codex" or "claude") through the fixes it knows; see the module docstring."""
+    """Plays `harness` ("codex" or "claude") on `tasks` (rows of the shared set); see the module docstring."""
 
     name = "coding-model"
 
-    def __init__(self, harness: str, fixes: list[Fix], *, model: str = "policy") -> None:
+    def __init__(self, harness: str, tasks: list[dict[str, Any]], *, model: str = "policy") -> None:
         super().__init__(model=model, text=SUMMARY)
-        self.harness, self.fixes = harness, fixes
+        self.harness = harness
+        self.fixes = {task["problem_statement"].splitlines()[0]: task_fix(task) for task in tasks}  # issue title -> fix
         self.calls = 0
         self.tool_calls: list[tuple[str, dict[str, Any]]] = []  # every tool call it made, in order
 
-    def steps(self, fix: Fix, messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
-        """The tool calls this harness's model makes for `fix`, in order."""
+    def steps(self, hunks: list[Hunk], messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+        """The tool calls this harness's model makes to apply `hunks`, in order."""
+        paths = list(dict.fromkeys(hunk.path for hunk in hunks))
         if self.harness == "codex":
-            return [("exec_command", {"cmd": f"cat {fix.path}"}), ("exec_command", {"cmd": codex_patch(fix)})]
+            return [("exec_command", {"cmd": f"cat {' '.join(paths)}"}), ("exec_command", {"cmd": codex_patch(hunks)})]
         found = re.search(r"Primary working directory: (\S+)", "\n".join(_text(m) for m in messages))
         assert found, "Claude Code names its working directory in its system reminder"
-        path = f"{found.group(1)}/{fix.path}"
-        return [
-            ("Read", {"file_path": path}),
-            ("Edit", {"file_path": path, "old_string": fix.old, "new_string": fix.new}),
-        ]
+        steps: list[tuple[str, dict[str, Any]]] = []
+        for path in paths:
+            absolute = f"{found.group(1)}/{path}"
+            steps.append(("Read", {"file_path": absolute}))
+            steps += [
+                ("Edit", {"file_path": absolute, "old_string": hunk.old, "new_string": hunk.new})
+                for hunk in hunks
+                if hunk.path == path
+            ]
+        return steps
 
     async def chat(self, request: ChatRequest) -> Generation:
         self.calls += 1
@@ -83,9 +123,9 @@ class CodingModel(ScriptedEngine):
         messages = request.messages
         offered = {tool["function"]["name"] for tool in request.tools or []}
         conversation = "\n".join(_text(m) for m in messages if m["role"] == "user")
-        fix = next((f for f in self.fixes if f.issue_phrase in conversation), None)
+        hunks = next((fix for title, fix in self.fixes.items() if title in conversation), [])
         done = sum(len(m.get("tool_calls") or []) for m in messages if m["role"] == "assistant")
-        steps = self.steps(fix, messages) if fix is not None else []
+        steps = self.steps(hunks, messages) if hunks else []
         if done < len(steps) and steps[done][0] in offered:
             name, arguments = steps[done]
             self.tool_calls.append((name, arguments))
@@ -97,45 +137,34 @@ class CodingModel(ScriptedEngine):
         return self._generation(messages, self.text, {"role": "assistant", "content": self.text}, "stop")
 
 
-# -- the task the tests use, and running a recipe's driver on it ---------------------------------
-
-REPO = Path(__file__).resolve().parents[2]
-TASKS = REPO / "tests" / "recipes" / "harness_task" / "tasks.jsonl"  # SWE-bench's layout, one task
-MEAN_FIX = Fix(
-    "mean() is wrong",
-    "stats_lib/stats.py",
-    "    return total(values) / (len(values) - 1)",
-    "    return total(values) / len(values)",
-)
+# -- the shared task set, and running a recipe's driver on a task --------------------------------
 
 
-def load_tasks() -> list[dict[str, Any]]:
-    return [json.loads(line) for line in TASKS.read_text().splitlines() if line.strip()]
-
-
-def working_copy(task: dict[str, Any], where: Path) -> Path:
-    """A fresh copy of the task's repository (what the sandbox gives an attempt)."""
-    return Path(shutil.copytree(REPO / task["repo"], where / "repo"))
+def load_tasks(split: str | None = None) -> list[dict[str, Any]]:
+    """The shared set's rows (recipes/swe_tasks), `repo` and `tests` absolute."""
+    rows = [json.loads(line) for line in TASKS_FILE.read_text().splitlines() if line.strip()]
+    for row in rows:
+        row["repo"], row["tests"] = str(REPO / row["repo"]), str(REPO / row["tests"])
+    return [row for row in rows if split is None or row["split"] == split]
 
 
 def hidden_test_outcomes(task: dict[str, Any], workdir: Path) -> dict[str, bool]:
-    """Copy the task's hidden tests into `workdir` and run them: node id -> passed."""
-    shutil.copytree(REPO / task["tests"], workdir / "tests")
-    report = workdir / "report.xml"
+    """Copy the task's hidden tests into `workdir` (at its root, as the tests reward does) and run
+    them: node id -> passed."""
+    shutil.copytree(task["tests"], workdir, dirs_exist_ok=True)
+    report = workdir.parent / "report.xml"
     subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", "tests"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
         cwd=workdir, capture_output=True, timeout=120,
     )  # fmt: skip
     outcomes = {}
     for case in ElementTree.parse(report).iter("testcase"):
-        node = f"tests/{case.get('classname', '').split('.')[-1]}.py::{case.get('name')}"
-        outcomes[node] = not any(child.tag in ("failure", "error") for child in case)
+        node = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        outcomes[node] = not any(child.tag in ("failure", "error", "skipped") for child in case)
     return outcomes
 
 
-def run_driver(
-    driver: Path, workdir: Path, task: dict[str, Any], env: dict[str, str]
-) -> subprocess.CompletedProcess[str]:
+def run_driver(driver: Path, workdir: Path, task: Any, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run a recipe's driver as alight's command agent does: in the working copy, the task in
     ALIGHT_TASK_FILE, `env` (the attempt's route, key and model) and nothing else but PATH."""
     task_file = workdir.parent / "task.json"

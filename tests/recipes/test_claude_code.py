@@ -16,15 +16,15 @@ from alight import semconv
 from alight.entrypoints import resolve_entrypoint
 from alight.types import SpanKind
 from tests.recipes.harness_model import (
-    MEAN_FIX,
     REPO,
     CodingModel,
     hidden_test_outcomes,
     load_tasks,
     run_driver,
-    working_copy,
+    task_fix,
 )
 
+working_copy = resolve_entrypoint(f"{REPO / 'recipes' / 'swe_tasks' / 'data.py'}:working_copy")
 DRIVER = REPO / "recipes" / "claude_code" / "agent.py"
 INSTALLED = Path("~/.cache/alight/harness/claude/node_modules/.bin/claude").expanduser()
 needs_claude = pytest.mark.skipif(
@@ -87,9 +87,10 @@ def test_claude_code_edits_the_repository_through_the_proxy_and_every_call_is_re
     from alight.store import MemoryStore
     from tests.proxy.conftest import new_attempt, spans_of
 
-    [task] = load_tasks()
-    workdir = working_copy(task, tmp_path)
-    model = CodingModel("claude", [MEAN_FIX])
+    task = load_tasks()[1]  # pager__pager-7
+    hunks = task_fix(task)
+    workdir = working_copy(task, tmp_path / "repo")
+    model = CodingModel("claude", [task])
     with ProxyServer(Proxy(model, MemoryStore())) as server:
         rollout_id, attempt_id = new_attempt(server)
         route = server.base_url(rollout_id, attempt_id).removesuffix("/v1")
@@ -99,10 +100,10 @@ def test_claude_code_edits_the_repository_through_the_proxy_and_every_call_is_re
         spans = spans_of(server, rollout_id)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == ""  # Claude Code's own output went to stderr: nothing the model writes is a reward
-    path = str(workdir.resolve() / MEAN_FIX.path)
+    path = str(workdir.resolve() / "pager" / "pages.py")
     assert model.tool_calls == [
         ("Read", {"file_path": path}),
-        ("Edit", {"file_path": path, "old_string": MEAN_FIX.old, "new_string": MEAN_FIX.new}),
+        ("Edit", {"file_path": path, "old_string": hunks[0].old, "new_string": hunks[0].new}),
     ]
     outcomes = hidden_test_outcomes(task, workdir)
     assert outcomes == dict.fromkeys(task["FAIL_TO_PASS"] + task["PASS_TO_PASS"], True)
@@ -111,4 +112,4 @@ def test_claude_code_edits_the_repository_through_the_proxy_and_every_call_is_re
     assert {span.attributes[semconv.LLM_API] for span in llm} == {"anthropic"}
     assert all(span.attributes[semconv.LLM_RESPONSE_TOKEN_IDS] for span in llm)
     # Claude Code sent back what Read gave: the scripted model's second call saw the file's text
-    assert any("len(values) - 1" in json.dumps(message) for message in model.requests[1].messages)
+    assert any("len(self.items) // self.per_page" in json.dumps(message) for message in model.requests[1].messages)

@@ -18,16 +18,16 @@ from alight import semconv
 from alight.entrypoints import resolve_entrypoint
 from alight.types import SpanKind
 from tests.recipes.harness_model import (
-    MEAN_FIX,
     REPO,
     CodingModel,
     codex_patch,
     hidden_test_outcomes,
     load_tasks,
     run_driver,
-    working_copy,
+    task_fix,
 )
 
+working_copy = resolve_entrypoint(f"{REPO / 'recipes' / 'swe_tasks' / 'data.py'}:working_copy")
 DRIVER = REPO / "recipes" / "codex_cli" / "agent.py"
 INSTALLED = Path("~/.cache/alight/harness/codex/node_modules/.bin/codex").expanduser()
 needs_codex = pytest.mark.skipif(
@@ -109,9 +109,10 @@ def test_codex_edits_the_repository_through_the_proxy_and_every_call_is_recorded
     from alight.store import MemoryStore
     from tests.proxy.conftest import new_attempt, spans_of
 
-    [task] = load_tasks()
-    workdir = working_copy(task, tmp_path)
-    model = CodingModel("codex", [MEAN_FIX])
+    task = load_tasks()[1]  # pager__pager-7
+    hunks = task_fix(task)
+    workdir = working_copy(task, tmp_path / "repo")
+    model = CodingModel("codex", [task])
     with ProxyServer(Proxy(model, MemoryStore())) as server:
         rollout_id, attempt_id = new_attempt(server)
         env = {
@@ -124,8 +125,8 @@ def test_codex_edits_the_repository_through_the_proxy_and_every_call_is_recorded
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == ""  # Codex's own output went to stderr: nothing the model writes is a reward
     assert model.tool_calls == [
-        ("exec_command", {"cmd": "cat stats_lib/stats.py"}),
-        ("exec_command", {"cmd": codex_patch(MEAN_FIX)}),
+        ("exec_command", {"cmd": "cat pager/pages.py"}),
+        ("exec_command", {"cmd": codex_patch(hunks)}),
     ]
     outcomes = hidden_test_outcomes(task, workdir)
     assert outcomes == dict.fromkeys(task["FAIL_TO_PASS"] + task["PASS_TO_PASS"], True)
@@ -134,4 +135,4 @@ def test_codex_edits_the_repository_through_the_proxy_and_every_call_is_recorded
     assert {span.attributes[semconv.LLM_API] for span in llm} == {"responses"}
     assert all(span.attributes[semconv.LLM_RESPONSE_TOKEN_IDS] for span in llm)
     # Codex sent back what `cat` printed: the scripted model's second call saw the file's text
-    assert any("len(values) - 1" in json.dumps(message) for message in model.requests[1].messages)
+    assert any("len(self.items) // self.per_page" in json.dumps(message) for message in model.requests[1].messages)

@@ -1,2 +1,0 @@
-# The task's hidden tests run inside an attempt's working copy, never in alight's own suite.
-collect_ignore_glob = ["tasks/*"]
