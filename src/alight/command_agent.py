@@ -28,12 +28,18 @@ the LLM calls), as for a Python agent that emits its rewards. The program never 
 own credentials (`ALIGHT_TOKEN`, `ALIGHT_RUNNER_CREDENTIAL`). A non-zero exit
 fails the attempt with the end of the program's stderr; when the attempt times out or is
 cancelled, the program and everything it started in its session are killed.
+
+With `agent.sandbox` (alight.sandbox; kind local or docker, or a `workdir`, or reward.kind=tests)
+each attempt runs in a sandbox instead: cwd = a fresh working copy (a copy of the task's
+`agent.sandbox.workdir` folder), the environment cleared to PATH, LANG, HOME (= the working copy)
+and the variables above, the task and reward files in a private folder, and only the proxy and the
+store reachable (kind local/docker). With `reward.kind: tests` the reward is the share of the hidden
+tests that pass in the working copy after the program (alight.rewards.tests).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import functools
 import json
 import logging
 import math
@@ -49,7 +55,12 @@ from urllib.parse import quote
 
 from alight import semconv
 from alight.agent import LLM, AgentFailure, LitAgent
+from alight.config.schema import RewardConfig, SandboxConfig
 from alight.errors import ConfigError
+from alight.rewards.tests import tests_reward
+from alight.sandbox.base import RunResult, SandboxError
+from alight.sandbox.factory import open_sandbox, sandbox_environment
+from alight.sandbox.process import run_process
 from alight.tracing.context import current_attempt, current_frame
 from alight.types import Attempt, Rollout, SpanKind
 
@@ -61,9 +72,6 @@ RUNNER_SECRETS = frozenset({"ALIGHT_TOKEN", "ALIGHT_RUNNER_CREDENTIAL"})
 STDERR_TAIL_BYTES = 2048
 #: Longest stdout line read as a possible reward; longer lines are skipped.
 MAX_REWARD_LINE_BYTES = 1 << 16
-#: How long to wait for the program's pipes to close after it (and its session) ended.
-PIPE_DRAIN_S = 5.0
-_READ_CHUNK = 1 << 16
 
 
 class CommandAgent(LitAgent):
@@ -71,9 +79,22 @@ class CommandAgent(LitAgent):
     docstring for what the program gets and how its reward is read. Picklable, so it travels to
     pool workers and Ray actors as it is. A bad command raises a one-line ConfigError."""
 
-    def __init__(self, command: str | Sequence[str], name: str | None = None, *, cwd: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        command: str | Sequence[str],
+        name: str | None = None,
+        *,
+        cwd: str | Path | None = None,
+        sandbox: SandboxConfig | None = None,
+        reward: RewardConfig | None = None,
+    ) -> None:
         self.cwd = str(Path(cwd if cwd is not None else Path.cwd()).expanduser().resolve())
         self.command = _checked_command(command, self.cwd)
+        self.reward = reward
+        self.sandbox = sandbox if sandbox is not None or reward is None or reward.kind != "tests" else SandboxConfig()
+        self.time_s = self.sandbox.time_s if self.sandbox is not None else None
+        if self.sandbox is not None:  # cwd becomes the working copy: the script's path must not depend on it
+            self.command[1:] = [_absolute(part, self.cwd) for part in self.command[1:]]
         super().__init__(name or _default_name(self.command, self.cwd))
         if "/" in self.name or not self.name.strip():
             raise ConfigError(f"agent.name {self.name!r}: a command agent's name must be non-empty, without '/'")
@@ -84,26 +105,51 @@ class CommandAgent(LitAgent):
     async def rollout(self, task: Any, llm: LLM | None, rollout: Rollout, attempt: Attempt | None) -> float | None:
         """Run the program on `task`; its reward (None when it posted its rewards itself)."""
         attempt_id = attempt.attempt_id if attempt is not None else ""
-        with tempfile.TemporaryDirectory(prefix="alight-command-") as folder:
-            task_json = json.dumps(task, default=str)
-            task_file = Path(folder) / "task.json"
-            task_file.write_text(task_json)
-            reward_file = Path(folder) / "reward"
-            env = {k: v for k, v in os.environ.items() if k not in RUNNER_SECRETS}  # the runner's own keys stay
-            env.update(self.environment(llm, rollout.rollout_id, attempt_id))
-            env.update(ALIGHT_TASK_FILE=str(task_file), ALIGHT_REWARD_FILE=str(reward_file))
-            code, stdout_reward, stderr_tail = await self._run(env, task_json.encode() + b"\n")
-            if code != 0:
-                raise AgentFailure(self._failure(code, stderr_tail))
-            written = reward_file.read_text(errors="replace").strip() if reward_file.is_file() else ""
+        variables = self.environment(llm, rollout.rollout_id, attempt_id)
+        if self.sandbox is None:
+            with tempfile.TemporaryDirectory(prefix="alight-command-") as folder:
+                env = {k: v for k, v in os.environ.items() if k not in RUNNER_SECRETS}  # the runner's own keys stay
+                return await self._attempt(task, env | variables, Path(folder), self._run_here)
+        source = _task_folder(task, self.sandbox.workdir, self.cwd)
+        allow = [url for url in (variables.get("OPENAI_BASE_URL"), variables.get("ALIGHT_STORE_URL")) if url]
+        try:
+            async with open_sandbox(self.sandbox, source=source, allow=allow) as box:
+                env = sandbox_environment(box, variables)
+                reward = await self._attempt(task, env, box.private, functools.partial(box.run, timeout_s=self.time_s))
+                if self.reward is not None and self.reward.kind == "tests":
+                    return await tests_reward(box, self.reward.tests, task, Path(self.cwd))
+                return reward
+        except SandboxError as err:
+            raise AgentFailure(f"agent {self.name}: {err}") from None
+
+    async def _attempt(self, task: Any, env: dict[str, str], folder: Path, run: Any) -> float | None:
+        """Write the task, run the program with `run`, and read its reward (see the module docstring)."""
+        task_json = json.dumps(task, default=str)
+        task_file, reward_file = folder / "task.json", folder / "reward"
+        task_file.write_text(task_json)
+        env.update(ALIGHT_TASK_FILE=str(task_file), ALIGHT_REWARD_FILE=str(reward_file))
+        lines = _RewardLines()
+        result = await run(self.command, env=env, stdin=task_json.encode() + b"\n", stdout=lines.add)
+        if result.timed_out:
+            raise AgentFailure(f"agent {self.name}: ran past agent.sandbox.time_s={self.time_s}s and was killed")
+        if result.code != 0:
+            raise AgentFailure(self._failure(result.code, result.stderr_tail[-STDERR_TAIL_BYTES:]))
+        written = reward_file.read_text(errors="replace").strip() if reward_file.is_file() else ""
         if written:
             reward = parse_reward(written)
             if reward is None:
                 raise AgentFailure(f"agent {self.name}: ALIGHT_REWARD_FILE holds {written[:80]!r}, not a reward")
             return reward
-        if stdout_reward is None:
-            await _adopt_posted_reward(rollout.rollout_id, attempt_id)
-        return stdout_reward
+        if lines.reward is None and (self.reward is None or self.reward.kind == "agent"):
+            await _adopt_posted_reward(*(env.get(k, "") for k in ("ALIGHT_ROLLOUT_ID", "ALIGHT_ATTEMPT_ID")))
+        return lines.reward
+
+    async def _run_here(self, argv: Sequence[str], **options: Any) -> RunResult:
+        """No sandbox: the program runs in alight's directory with the runner's environment."""
+        try:
+            return await run_process(argv, cwd=self.cwd, name=f"{self.name}", **options)
+        except SandboxError as err:
+            raise AgentFailure(f"agent {self.name}: {err}") from None
 
     def environment(self, llm: LLM | None, rollout_id: str, attempt_id: str) -> dict[str, str]:
         """The variables the program gets for one attempt (without the task and reward files)."""
@@ -130,45 +176,6 @@ class CommandAgent(LitAgent):
             )
         return env
 
-    async def _run(self, env: Mapping[str, str], stdin: bytes) -> tuple[int, float | None, bytes]:
-        """Run the program to its end: (exit code, last stdout reward, stderr tail). Cancelled (the
-        attempt timed out or was stopped): its whole session is killed before this returns."""
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *self.command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=self.cwd,
-                env=dict(env),
-                start_new_session=True,  # its own process group: killing it reaches what it started
-            )
-        except OSError as err:
-            raise AgentFailure(f"agent {self.name}: cannot start {shlex.join(self.command)}: {err}") from None
-        assert process.stdin is not None and process.stdout is not None and process.stderr is not None
-        stdout, stderr = _RewardLines(), _Tail(STDERR_TAIL_BYTES)
-        pipes = asyncio.gather(
-            _feed(process.stdin, stdin),
-            _drain(process.stdout, stdout.add),
-            _drain(process.stderr, stderr.add, log=f"{self.name} stderr"),
-        )
-        try:
-            code = await _exit_code(process)
-            _kill_session(process.pid)  # what it left running would hold its pipes open, and is ours to end
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(pipes), PIPE_DRAIN_S)
-        finally:
-            if process.returncode is None:
-                _kill_session(process.pid)
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await asyncio.shield(_exit_code(process))
-            if not pipes.done():
-                pipes.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pipes
-        return code, stdout.reward, stderr.text()
-
     def _failure(self, code: int, stderr_tail: bytes) -> str:
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         text = stderr_tail.decode(errors="replace").rstrip()
@@ -176,16 +183,22 @@ class CommandAgent(LitAgent):
         return f"agent {self.name}: {shlex.join(self.command)} {how}{tail}"
 
 
-def command_agent(command: Any, name: str | None = None) -> CommandAgent:
+def command_agent(
+    command: Any, name: str | None = None, *, sandbox: SandboxConfig | None = None, reward: RewardConfig | None = None
+) -> CommandAgent:
     """The agent of a config's `agent.command`: a list of arguments (numbers become text), or a
-    string split like a shell splits it. ConfigError, in one line, for anything else."""
+    string split like a shell splits it. ConfigError, in one line, for anything else. `sandbox`
+    (agent.sandbox) is used when it isolates, names a workdir, or `reward` (reward) is kind tests."""
+    if sandbox is not None and sandbox.kind == "none" and sandbox.workdir is None:
+        sandbox = None if reward is None or reward.kind != "tests" else sandbox
+    options: dict[str, Any] = {"sandbox": sandbox, "reward": reward}
     if isinstance(command, str):
-        return CommandAgent(command, name)
+        return CommandAgent(command, name, **options)
     parts: list[str] = []
     if not isinstance(command, Mapping | bytes) and hasattr(command, "__iter__"):  # a list, an OmegaConf ListConfig
         parts = [str(part) for part in command if isinstance(part, str | int | float) and not isinstance(part, bool)]
         if len(parts) == len(list(command)):
-            return CommandAgent(parts, name)
+            return CommandAgent(parts, name, **options)
     raise ConfigError(f"agent.command must be a list of strings or a string, got {command!r}")
 
 
@@ -249,6 +262,23 @@ def _checked_command(command: str | Sequence[str], cwd: str) -> list[str]:
     return parts
 
 
+def _absolute(part: str, cwd: str) -> str:
+    """`part` as an absolute path when it names a file relative to `cwd` (a script), else as it is."""
+    if part.startswith("-") or os.path.isabs(part) or not Path(cwd, part).is_file():
+        return part
+    return str(Path(cwd, part).resolve())
+
+
+def _task_folder(task: Any, field: str | None, cwd: str) -> Path | None:
+    """The folder the task's `field` names (relative to `cwd`): the attempt's working copy source."""
+    if field is None:
+        return None
+    value = task.get(field) if isinstance(task, dict) else getattr(task, field, None)
+    if not isinstance(value, str) or not value:
+        raise AgentFailure(f"agent.sandbox.workdir: the task has no field {field!r} naming a directory")
+    return Path(cwd, value).expanduser()
+
+
 def _default_name(command: list[str], cwd: str) -> str:
     """The stem of the first argument that names a file (the script), else of the executable."""
     for part in command[1:]:
@@ -294,58 +324,6 @@ class _RewardLines:
             return
         if reward is not None:
             self.reward = reward
-
-
-class _Tail:
-    """The last `size` bytes of a stream."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._data = bytearray()
-
-    def add(self, chunk: bytes) -> None:
-        self._data += chunk
-        if len(self._data) > 4 * self.size:
-            del self._data[: -self.size]
-
-    def text(self) -> bytes:
-        return bytes(self._data[-self.size :])
-
-
-async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
-    """Write the task to the program's stdin and close it; a program that never reads it is fine."""
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        pipe.write(data)
-        await pipe.drain()
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        pipe.close()
-
-
-async def _drain(stream: asyncio.StreamReader, sink: Any, log: str | None = None) -> None:
-    """Read `stream` to its end, chunk by chunk, into `sink` (so a chatty program never blocks)."""
-    while True:
-        chunk = await stream.read(_READ_CHUNK)
-        sink(chunk)
-        if not chunk:
-            return
-        if log is not None and logger.isEnabledFor(logging.DEBUG):
-            logger.debug("%s: %s", log, chunk.decode(errors="replace").rstrip())
-
-
-async def _exit_code(process: asyncio.subprocess.Process) -> int:
-    """The program's exit code once it has exited. Not `process.wait()`: that also waits for its
-    pipes to close, which a child it left running may hold open."""
-    delay = 0.005
-    while process.returncode is None:
-        await asyncio.sleep(delay)
-        delay = min(2 * delay, 0.05)
-    return process.returncode
-
-
-def _kill_session(pid: int) -> None:
-    """SIGKILL the process group the program leads (it and everything it started)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 def _signal_name(number: int) -> str:

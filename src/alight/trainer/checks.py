@@ -42,7 +42,7 @@ def validate(cfg: ExperimentConfig) -> None:
         _check_from_store(cfg)
     check_store(cfg.store)
     check_pool(cfg.runner)
-    runner_agent(cfg.agent)  # an entrypoint that does not import, a missing program: one line, here
+    runner_agent(cfg.agent, reward=cfg.reward)  # a bad entrypoint, program, sandbox or tests reward: one line
 
 
 def _check_from_store(cfg: ExperimentConfig) -> None:

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alight.config.schema import AgentConfig, EngineConfig, ExperimentConfig
+from alight.config.schema import AgentConfig, EngineConfig, ExperimentConfig, RewardConfig
 from alight.errors import ConfigError
 from alight.serving.advertise import check_advertise_url
 from alight.serving.auth import TOKEN_ENV, is_loopback, resolve_token
@@ -50,18 +50,28 @@ def engine_options(engine: EngineConfig, *, model: str | None = None) -> tuple[s
     return engine.kind, options
 
 
-def runner_agent(agent: AgentConfig, *, check: bool = True) -> str | LitAgent:
+def runner_agent(agent: AgentConfig, *, check: bool = True, reward: RewardConfig | None = None) -> str | LitAgent:
     """What runners run for a config's `agent` section: its entrypoint (each runner imports it), or
-    a `CommandAgent` for `agent.command` (sent to runners as it is). With `check`, an entrypoint
-    that does not import, or a command whose executable is missing, raises a one-line ConfigError."""
+    a `CommandAgent` for `agent.command` (sent to runners as it is, with its sandbox and `reward`).
+    With `check`, an entrypoint that does not import, a command whose executable is missing, or a
+    sandbox or tests reward this machine cannot run raises a one-line ConfigError."""
     from alight.config.loading import AGENT_CHOICE
 
     if (agent.entrypoint is None) == (agent.command is None):
         raise ConfigError(AGENT_CHOICE)
+    if check and reward is not None:
+        from alight.rewards.tests import check_tests_reward
+
+        check_tests_reward(reward.kind, reward.tests, agent.command)
     if agent.command is not None:
         from alight.command_agent import command_agent
 
-        return command_agent(agent.command, agent.name)
+        built = command_agent(agent.command, agent.name, sandbox=agent.sandbox, reward=reward)
+        if check and built.sandbox is not None:
+            from alight.sandbox.factory import check_sandbox
+
+            check_sandbox(built.sandbox)
+        return built
     assert agent.entrypoint is not None
     if check:
         from alight.agent import load_agent
@@ -188,7 +198,7 @@ class LocalStack:
             if self.n_runners > 0:
                 self.pool = make_pool(
                     self.cfg.runner,
-                    runner_agent(self.cfg.agent, check=False),
+                    runner_agent(self.cfg.agent, check=False, reward=self.cfg.reward),
                     self.store_advertise_url,
                     n_runners=self.n_runners,
                     token=self.token,
@@ -204,7 +214,7 @@ class LocalStack:
         reach the store."""
         from urllib.parse import urlsplit
 
-        agent = runner_command(runner_agent(self.cfg.agent, check=False))
+        agent = runner_command(runner_agent(self.cfg.agent, check=False, reward=self.cfg.reward))
         command = f"alight runner --store {self.store_advertise_url} {agent}"
         if self.token is not None:
             command += f" (with ALIGHT_RUNNER_CREDENTIAL set to a runner credential, or {TOKEN_ENV} to the run's token)"

@@ -1,0 +1,35 @@
+"""`agent.sandbox.kind: none`: a fresh working copy in a temp folder, a plain process, no isolation.
+
+The command runs with the environment it is given (nothing of the runner's), cwd = the working
+copy, the CPU and memory limits as rlimits, and its process group killed at the end. It can still
+read and write whatever the runner's user can, and reach the network: use `local` for that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from alight.sandbox.base import RunResult, Sandbox, SandboxSettings, Sink
+from alight.sandbox.process import limits, run_process
+
+
+class PlainSandbox(Sandbox):
+    def __init__(self, settings: SandboxSettings, folder: Path) -> None:
+        self.settings = settings
+        self.workdir = folder / "work"
+        self.private = folder / "private"
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        stdin: bytes = b"",
+        timeout_s: float | None = None,
+        stdout: Sink | None = None,
+    ) -> RunResult:
+        preexec = limits(self.settings.cpu_s, self.settings.memory_mb)
+        return await run_process(
+            argv, cwd=str(self.workdir), env=env, stdin=stdin, timeout_s=timeout_s, stdout=stdout, preexec=preexec
+        )
