@@ -16,7 +16,7 @@ import pytest
 
 from alight import semconv
 from alight.entrypoints import resolve_entrypoint
-from alight.types import SpanKind
+from alight.types import RolloutStatus, SpanKind
 from tests.recipes.harness_model import (
     REPO,
     CodingModel,
@@ -24,11 +24,13 @@ from tests.recipes.harness_model import (
     hidden_test_outcomes,
     load_tasks,
     run_driver,
+    run_through_pool,
     task_fix,
 )
 
 working_copy = resolve_entrypoint(f"{REPO / 'recipes' / 'swe_tasks' / 'data.py'}:working_copy")
 DRIVER = REPO / "recipes" / "codex_cli" / "agent.py"
+CONFIG = REPO / "configs" / "codex_cli.yaml"
 INSTALLED = Path("~/.cache/alight/harness/codex/node_modules/.bin/codex").expanduser()
 needs_codex = pytest.mark.skipif(
     not INSTALLED.is_file(), reason=f"Codex CLI not installed at {INSTALLED}: bash recipes/codex_cli/install.sh"
@@ -136,3 +138,27 @@ def test_codex_edits_the_repository_through_the_proxy_and_every_call_is_recorded
     assert all(span.attributes[semconv.LLM_RESPONSE_TOKEN_IDS] for span in llm)
     # Codex sent back what `cat` printed: the scripted model's second call saw the file's text
     assert any("len(self.items) // self.per_page" in json.dumps(message) for message in model.requests[1].messages)
+
+
+@needs_codex
+@pytest.mark.slow
+def test_through_the_pool_and_sandbox_the_hidden_tests_decide_the_reward(tmp_path: Path) -> None:
+    """configs/codex_cli.yaml as `alight train` builds it: the real runner pool runs Codex in the
+    local sandbox on two tasks of the shared set; the scripted model knows the fix of the first only.
+    The hidden tests give 1.0 to the first and the share of its tests that still pass to the second;
+    every call Codex made is an LLM span of the agent codex_cli, inside its AGENT span."""
+    tasks = [load_tasks()[1], load_tasks()[4]]  # pager__pager-7 (fixed), statkit__statkit-3 (left alone)
+    model = CodingModel("codex", tasks[:1])
+    run = run_through_pool(CONFIG, model, tasks, tmp_path)
+    assert [rollout.status for rollout in run.rollouts] == [RolloutStatus.SUCCEEDED] * 2, run.rollouts
+    left = tasks[1]
+    share = len(left["PASS_TO_PASS"]) / (len(left["FAIL_TO_PASS"]) + len(left["PASS_TO_PASS"]))
+    assert [rollout.reward for rollout in run.rollouts] == [1.0, pytest.approx(share)]
+    llm = [span for spans in run.spans for span in spans if span.kind == SpanKind.LLM]
+    assert len(llm) == model.calls and model.calls >= 4  # 3 for the fix, at least 1 for the other
+    assert {span.attributes[semconv.AGENT_NAME] for span in llm} == {"codex_cli"}
+    assert {span.attributes[semconv.LLM_API] for span in llm} == {"responses"}
+    for spans in run.spans:
+        [agent] = [span for span in spans if span.kind == SpanKind.AGENT]
+        assert agent.attributes[semconv.AGENT_NAME] == "codex_cli"
+        assert all(span.parent_id == agent.span_id for span in spans if span.kind == SpanKind.LLM)
