@@ -28,8 +28,9 @@ PROMPT = """Resolve this issue in the Python repository in the current directory
 
 Change the repository's code in place so that the issue is fixed. Leave the tests alone."""
 
-#: (the CLI, the prompt, alight's environment, the private home) -> (argv, environment)
-Launch = Callable[[str, str, dict[str, str], str], tuple[list[str], dict[str, str]]]
+#: (the CLI, the prompt, alight's environment, the private home, the system prompt file or None)
+#: -> (argv, environment)
+Launch = Callable[[str, str, dict[str, str], str, str | None], tuple[list[str], dict[str, str]]]
 
 
 def prompt_of(task: Any) -> str:
@@ -44,6 +45,10 @@ def drive(name: str, program: str, install_dir: str, needs: tuple[str, ...], lau
     """Run the harness `program` (under `install_dir`/node_modules/.bin) on the attempt's task."""
     parser = argparse.ArgumentParser(prog=name, description=f"{name}: run the harness on one task")
     parser.add_argument("--install-dir", default=install_dir, help="where the recipe's install.sh put the CLI")
+    parser.add_argument(
+        "--instructions",
+        help="a file whose text replaces the harness's own system prompt (for small models); default: its own",
+    )
     args = parser.parse_args()
     cli = Path(args.install_dir).expanduser() / "node_modules" / ".bin" / program
     missing = [variable for variable in ("ALIGHT_TASK_FILE", *needs) if not os.environ.get(variable)]
@@ -55,8 +60,11 @@ def drive(name: str, program: str, install_dir: str, needs: tuple[str, ...], lau
         return _refuse(name, f"bad task: {err}")
     if not cli.is_file():
         return _refuse(name, f"no {program} at {cli}: run recipes/{name}/install.sh")
+    instructions = str(Path(args.instructions).resolve()) if args.instructions else None
+    if instructions is not None and not Path(instructions).is_file():
+        return _refuse(name, f"--instructions {args.instructions}: no such file")
     with tempfile.TemporaryDirectory(prefix=f"alight-{name}-home-") as home:
-        argv, env = launch(str(cli), prompt, dict(os.environ), home)
+        argv, env = launch(str(cli), prompt, dict(os.environ), home, instructions)
         return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr).returncode
 
 

@@ -54,16 +54,21 @@ def claude_env(environ: dict[str, str], home: str) -> dict[str, str]:
     return env
 
 
-def claude_argv(claude: str, prompt: str, model: str) -> list[str]:
-    """`claude -p`: print mode, the coding tools allowed by rule, no session kept, no MCP servers."""
+def claude_argv(claude: str, prompt: str, model: str, system_prompt: str | None = None) -> list[str]:
+    """`claude -p`: print mode, the coding tools allowed by rule, no session kept, no MCP servers;
+    `system_prompt` replaces Claude Code's own."""
+    replaced = ["--system-prompt", system_prompt] if system_prompt is not None else []
     permissions = ["--tools", TOOLS, "--allowedTools", TOOLS, "--permission-mode", "acceptEdits"]
     quiet = ["--no-session-persistence", "--strict-mcp-config", "--setting-sources", "", "--output-format", "text"]
-    return [claude, "-p", "--model", model, *permissions, *quiet, prompt]
+    return [claude, "-p", "--model", model, *permissions, *quiet, *replaced, prompt]
 
 
-def launch(claude: str, prompt: str, environ: dict[str, str], home: str) -> tuple[list[str], dict[str, str]]:
+def launch(
+    claude: str, prompt: str, environ: dict[str, str], home: str, instructions: str | None
+) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of one attempt."""
-    return claude_argv(claude, prompt, environ["ALIGHT_MODEL"]), claude_env(environ, home)
+    system_prompt = Path(instructions).read_text() if instructions is not None else None
+    return claude_argv(claude, prompt, environ["ALIGHT_MODEL"], system_prompt), claude_env(environ, home)
 
 
 if __name__ == "__main__":

@@ -30,9 +30,13 @@ def _toml(value: str) -> str:
     return json.dumps(value)  # a JSON string is a TOML basic string
 
 
-def codex_config(base_url: str, model: str) -> str:
-    """config.toml for one attempt: the alight provider, full auto, nothing that reaches elsewhere."""
-    return f"""model = {_toml(model)}
+def codex_config(base_url: str, model: str, instructions: str | None = None) -> str:
+    """config.toml for one attempt: the alight provider, full auto, nothing that reaches elsewhere;
+    `instructions`: a file whose text replaces Codex's own base instructions."""
+    replaced = f"model_instructions_file = {_toml(instructions)}\n" if instructions else ""
+    return (
+        replaced
+        + f"""model = {_toml(model)}
 model_provider = "{PROVIDER}"
 approval_policy = "never"
 sandbox_mode = "danger-full-access"
@@ -62,6 +66,7 @@ apps = false
 plugins = false
 image_generation = false
 """
+    )
 
 
 def codex_argv(codex: str, prompt: str) -> list[str]:
@@ -77,9 +82,12 @@ def codex_env(environ: dict[str, str], home: str) -> dict[str, str]:
     return env
 
 
-def launch(codex: str, prompt: str, environ: dict[str, str], home: str) -> tuple[list[str], dict[str, str]]:
+def launch(
+    codex: str, prompt: str, environ: dict[str, str], home: str, instructions: str | None
+) -> tuple[list[str], dict[str, str]]:
     """Write the attempt's config.toml into the private home; the command line and environment."""
-    Path(home, "config.toml").write_text(codex_config(environ["OPENAI_BASE_URL"], environ["ALIGHT_MODEL"]))
+    config = codex_config(environ["OPENAI_BASE_URL"], environ["ALIGHT_MODEL"], instructions)
+    Path(home, "config.toml").write_text(config)
     return codex_argv(codex, prompt), codex_env(environ, home)
 
 

@@ -164,13 +164,15 @@ def hidden_test_outcomes(task: dict[str, Any], workdir: Path) -> dict[str, bool]
     return outcomes
 
 
-def run_driver(driver: Path, workdir: Path, task: Any, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_driver(
+    driver: Path, workdir: Path, task: Any, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[str]:
     """Run a recipe's driver as alight's command agent does: in the working copy, the task in
     ALIGHT_TASK_FILE, `env` (the attempt's route, key and model) and nothing else but PATH."""
     task_file = workdir.parent / "task.json"
     task_file.write_text(json.dumps(task))
     full = {"PATH": os.environ["PATH"], "ALIGHT_TASK_FILE": str(task_file), **env}
-    return subprocess.run([str(driver)], cwd=workdir, env=full, capture_output=True, text=True, timeout=180)
+    return subprocess.run([str(driver), *args], cwd=workdir, env=full, capture_output=True, text=True, timeout=180)
 
 
 # -- a recipe's config through the real runner pool, sandbox and tests reward ---------------------

@@ -47,6 +47,12 @@ def test_command_line_allows_the_coding_tools_without_prompts_or_bypass() -> Non
     assert {"--no-session-persistence", "--strict-mcp-config"} <= set(argv)
 
 
+def test_a_system_prompt_replaces_claude_codes_own_only_when_given() -> None:
+    assert "--system-prompt" not in claude_argv("/x/claude", "fix it", "policy")
+    argv = claude_argv("/x/claude", "fix it", "policy", "Be brief.")
+    assert argv[argv.index("--system-prompt") + 1] == "Be brief." and argv[-1] == "fix it"
+
+
 def test_environment_sets_every_model_and_turns_its_traffic_off() -> None:
     environ = {"PATH": "/bin", **ENV, "ALIGHT_STORE_URL": "http://s", "HOME": "/root", "OPENAI_API_KEY": "k"}
     env = claude_env(environ, "/private")

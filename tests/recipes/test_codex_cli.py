@@ -58,6 +58,12 @@ def test_config_points_codex_at_the_attempts_route_and_turns_off_the_rest() -> N
     assert config["features"] == {"goals": False, "apps": False, "plugins": False, "image_generation": False}
 
 
+def test_instructions_replace_codexs_own_only_when_given() -> None:
+    assert "model_instructions_file" not in tomllib.loads(codex_config(ROUTE, "policy"))
+    config = tomllib.loads(codex_config(ROUTE, "policy", "/r/short.md"))
+    assert config["model_instructions_file"] == "/r/short.md" and config["model_provider"] == "alight"
+
+
 def test_command_line_and_environment_hold_the_attempts_key_and_nothing_else() -> None:
     argv = codex_argv("/x/codex", "fix it")
     assert argv[:2] == ["/x/codex", "exec"] and argv[-1] == "fix it"
@@ -88,6 +94,13 @@ def test_bad_input_is_one_line_and_exit_status_2(
     done = run_driver(DRIVER, tmp_path, task, env)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and why in done.stderr, done.stderr
     assert done.stderr.startswith("codex_cli: ")
+
+
+@needs_codex
+def test_a_missing_instructions_file_is_exit_status_2(tmp_path: Path) -> None:
+    env = {"OPENAI_BASE_URL": "u", "OPENAI_API_KEY": "k", "ALIGHT_MODEL": "m"}
+    done = run_driver(DRIVER, tmp_path, {"problem_statement": "x"}, env, "--instructions", "no-such.md")
+    assert done.returncode == 2 and done.stderr == "codex_cli: --instructions no-such.md: no such file\n"
 
 
 def test_a_missing_cli_names_the_install_script(tmp_path: Path) -> None:
