@@ -16,15 +16,10 @@ with the LLM spans the store holds.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from xml.etree import ElementTree
 
 from alight.engines.base import ChatRequest, Generation
 from tests.proxy.scripted import ScriptedEngine
@@ -135,97 +130,3 @@ class CodingModel(ScriptedEngine):
             text = f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
             return self._generation(messages, text, message, "tool_calls")
         return self._generation(messages, self.text, {"role": "assistant", "content": self.text}, "stop")
-
-
-# -- the shared task set, and running a recipe's driver on a task --------------------------------
-
-
-def load_tasks(split: str | None = None) -> list[dict[str, Any]]:
-    """The shared set's rows (recipes/swe_tasks), `repo` and `tests` absolute."""
-    rows = [json.loads(line) for line in TASKS_FILE.read_text().splitlines() if line.strip()]
-    for row in rows:
-        row["repo"], row["tests"] = str(REPO / row["repo"]), str(REPO / row["tests"])
-    return [row for row in rows if split is None or row["split"] == split]
-
-
-def hidden_test_outcomes(task: dict[str, Any], workdir: Path) -> dict[str, bool]:
-    """Copy the task's hidden tests into `workdir` (at its root, as the tests reward does) and run
-    them: node id -> passed."""
-    shutil.copytree(task["tests"], workdir, dirs_exist_ok=True)
-    report = workdir.parent / "report.xml"
-    subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
-        cwd=workdir, capture_output=True, timeout=120,
-    )  # fmt: skip
-    outcomes = {}
-    for case in ElementTree.parse(report).iter("testcase"):
-        node = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
-        outcomes[node] = not any(child.tag in ("failure", "error", "skipped") for child in case)
-    return outcomes
-
-
-def run_driver(
-    driver: Path, workdir: Path, task: Any, env: dict[str, str], *args: str
-) -> subprocess.CompletedProcess[str]:
-    """Run a recipe's driver as alight's command agent does: in the working copy, the task in
-    ALIGHT_TASK_FILE, `env` (the attempt's route, key and model) and nothing else but PATH."""
-    task_file = workdir.parent / "task.json"
-    task_file.write_text(json.dumps(task))
-    full = {"PATH": os.environ["PATH"], "ALIGHT_TASK_FILE": str(task_file), **env}
-    return subprocess.run([str(driver), *args], cwd=workdir, env=full, capture_output=True, text=True, timeout=180)
-
-
-# -- a recipe's config through the real runner pool, sandbox and tests reward ---------------------
-
-
-@dataclass
-class PoolRun:
-    rollouts: list[Any]  # alight.types.Rollout, in the order of the tasks
-    spans: list[list[Any]]  # each rollout's spans
-
-
-def run_through_pool(config: Path, model: CodingModel, tasks: list[dict[str, Any]], where: Path) -> PoolRun:
-    """The recipe's config as `alight train` builds its agent (the command agent in its sandbox, the
-    tests reward), run by the real runner pool on `tasks` against a store server (SQLite) and the
-    proxy in front of `model`, published as the `llm` resource."""
-    import asyncio
-
-    from alight.config.loading import load_config, to_object
-    from alight.errors import ConfigError
-    from alight.proxy import Proxy, ProxyServer
-    from alight.runner import RunnerPool
-    from alight.store.client import StoreClient
-    from alight.store.server import StoreServer
-    from alight.store.sqlite import SqliteStore
-    from alight.trainer.stack import runner_agent
-    from alight.types import LLMResource, Rollout, Task
-
-    cfg = to_object(load_config(config))
-    try:
-        agent = runner_agent(cfg.agent, reward=cfg.reward)  # checks the sandbox as `alight train` does
-    except ConfigError as err:
-        import pytest
-
-        pytest.skip(f"this machine cannot run the recipe's sandbox: {err}")
-
-    async def run(store_url: str, proxy_url: str) -> list[str]:
-        async with StoreClient(store_url) as store:
-            await store.add_resources({"llm": LLMResource(endpoint=proxy_url, model="policy")})
-            enqueued = await store.enqueue([Rollout(task=Task(input=task), timeout_s=300) for task in tasks])
-            ids = [rollout.rollout_id for rollout in enqueued]
-            with RunnerPool(agent, store_url, n_runners=2):
-                ended = await store.wait_for_rollouts(ids, timeout=400)
-            assert len(ended) == len(ids), "rollouts did not end in time"
-            return ids
-
-    async def read(store_url: str, ids: list[str]) -> PoolRun:
-        async with StoreClient(store_url) as store:
-            return PoolRun([await store.get_rollout(i) for i in ids], [await store.query_spans(i) for i in ids])
-
-    with (
-        StoreServer(SqliteStore(where / "store.db")) as store_server,
-        ProxyServer(Proxy(model, StoreClient(store_server.url))) as proxy_server,
-    ):
-        ids = asyncio.run(run(store_server.url, proxy_server.url))
-        proxy_server.flush()  # every answered call's span is in the store
-        return asyncio.run(read(store_server.url, ids))

@@ -14,27 +14,19 @@ from typing import Any
 
 import pytest
 
-from alight import semconv
 from alight.entrypoints import resolve_entrypoint
-from alight.types import RolloutStatus, SpanKind
-from tests.recipes.harness_model import (
+from tests.recipes.harness_model import CodingModel, codex_patch, task_fix
+from tests.recipes.harness_runs import (
+    CODEX,
     REPO,
-    CodingModel,
-    codex_patch,
-    hidden_test_outcomes,
+    check_the_fix_through_the_proxy,
+    check_the_hidden_tests_decide,
+    drive_through_proxy,
     load_tasks,
     run_driver,
-    run_through_pool,
-    task_fix,
 )
 
-working_copy = resolve_entrypoint(f"{REPO / 'recipes' / 'swe_tasks' / 'data.py'}:working_copy")
-DRIVER = REPO / "recipes" / "codex_cli" / "agent.py"
-CONFIG = REPO / "configs" / "codex_cli.yaml"
-INSTALLED = Path("~/.cache/alight/harness/codex/node_modules/.bin/codex").expanduser()
-needs_codex = pytest.mark.skipif(
-    not INSTALLED.is_file(), reason=f"Codex CLI not installed at {INSTALLED}: bash recipes/codex_cli/install.sh"
-)
+DRIVER = CODEX.driver
 codex_config = resolve_entrypoint(f"{DRIVER}:codex_config")
 codex_argv = resolve_entrypoint(f"{DRIVER}:codex_argv")
 codex_env = resolve_entrypoint(f"{DRIVER}:codex_env")
@@ -96,7 +88,7 @@ def test_bad_input_is_one_line_and_exit_status_2(
     assert done.stderr.startswith("codex_cli: ")
 
 
-@needs_codex
+@CODEX.installed()
 def test_a_missing_instructions_file_is_exit_status_2(tmp_path: Path) -> None:
     env = {"OPENAI_BASE_URL": "u", "OPENAI_API_KEY": "k", "ALIGHT_MODEL": "m"}
     done = run_driver(DRIVER, tmp_path, {"problem_statement": "x"}, env, "--instructions", "no-such.md")
@@ -116,62 +108,30 @@ def test_a_missing_cli_names_the_install_script(tmp_path: Path) -> None:
     assert done.returncode == 2 and "run recipes/codex_cli/install.sh" in done.stderr
 
 
-@needs_codex
+@CODEX.installed()
 def test_codex_edits_the_repository_through_the_proxy_and_every_call_is_recorded(tmp_path: Path) -> None:
-    """The real Codex CLI on the task, its model the scripted one behind alight's proxy: it reads
-    the file, applies the patch, the hidden tests pass, and each of its Responses calls is an LLM span."""
-    from alight.proxy import Proxy, ProxyServer
-    from alight.store import MemoryStore
-    from tests.proxy.conftest import new_attempt, spans_of
+    """The real Codex CLI on a task, its model the scripted one behind alight's proxy: it reads the
+    file, applies the patch, the hidden tests pass, and each of its Responses calls is an LLM span."""
 
-    task = load_tasks()[1]  # pager__pager-7
-    hunks = task_fix(task)
-    workdir = working_copy(task, tmp_path / "repo")
-    model = CodingModel("codex", [task])
-    with ProxyServer(Proxy(model, MemoryStore())) as server:
-        rollout_id, attempt_id = new_attempt(server)
-        env = {
-            "OPENAI_BASE_URL": server.base_url(rollout_id, attempt_id),
-            "OPENAI_API_KEY": "k",
-            "ALIGHT_MODEL": "policy",
-        }
-        done = run_driver(DRIVER, workdir, task, env)
-        spans = spans_of(server, rollout_id)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout == ""  # Codex's own output went to stderr: nothing the model writes is a reward
-    assert model.tool_calls == [
-        ("exec_command", {"cmd": "cat pager/pages.py"}),
-        ("exec_command", {"cmd": codex_patch(hunks)}),
-    ]
-    outcomes = hidden_test_outcomes(task, workdir)
-    assert outcomes == dict.fromkeys(task["FAIL_TO_PASS"] + task["PASS_TO_PASS"], True)
-    llm = [span for span in spans if span.kind == SpanKind.LLM]
-    assert len(llm) == model.calls == 3
-    assert {span.attributes[semconv.LLM_API] for span in llm} == {"responses"}
-    assert all(span.attributes[semconv.LLM_RESPONSE_TOKEN_IDS] for span in llm)
-    # Codex sent back what `cat` printed: the scripted model's second call saw the file's text
-    assert any("len(self.items) // self.per_page" in json.dumps(message) for message in model.requests[1].messages)
+    def expected(workdir: Path, task: dict[str, Any]) -> list[tuple[str, Any]]:
+        return [("exec_command", {"cmd": "cat pager/pages.py"}), ("exec_command", {"cmd": codex_patch(task_fix(task))})]
+
+    check_the_fix_through_the_proxy(CODEX, tmp_path, expected)
 
 
-@needs_codex
+@CODEX.installed()
+def test_instructions_replace_codexs_system_prompt(tmp_path: Path) -> None:
+    task = load_tasks()[1]
+    model = CodingModel("codex", [])
+    short = REPO / "recipes" / "small_model_instructions.md"
+    run = drive_through_proxy(CODEX, model, task, tmp_path, "--instructions", str(short))
+    assert run.done.returncode == 0, run.done.stderr[-2000:]
+    assert model.requests[0].messages[0] == {"role": "system", "content": short.read_text().strip()}
+
+
+@CODEX.installed()
 @pytest.mark.slow
 def test_through_the_pool_and_sandbox_the_hidden_tests_decide_the_reward(tmp_path: Path) -> None:
-    """configs/codex_cli.yaml as `alight train` builds it: the real runner pool runs Codex in the
-    local sandbox on two tasks of the shared set; the scripted model knows the fix of the first only.
-    The hidden tests give 1.0 to the first and the share of its tests that still pass to the second;
-    every call Codex made is an LLM span of the agent codex_cli, inside its AGENT span."""
-    tasks = [load_tasks()[1], load_tasks()[4]]  # pager__pager-7 (fixed), statkit__statkit-3 (left alone)
-    model = CodingModel("codex", tasks[:1])
-    run = run_through_pool(CONFIG, model, tasks, tmp_path)
-    assert [rollout.status for rollout in run.rollouts] == [RolloutStatus.SUCCEEDED] * 2, run.rollouts
-    left = tasks[1]
-    share = len(left["PASS_TO_PASS"]) / (len(left["FAIL_TO_PASS"]) + len(left["PASS_TO_PASS"]))
-    assert [rollout.reward for rollout in run.rollouts] == [1.0, pytest.approx(share)]
-    llm = [span for spans in run.spans for span in spans if span.kind == SpanKind.LLM]
-    assert len(llm) == model.calls and model.calls >= 4  # 3 for the fix, at least 1 for the other
-    assert {span.attributes[semconv.AGENT_NAME] for span in llm} == {"codex_cli"}
-    assert {span.attributes[semconv.LLM_API] for span in llm} == {"responses"}
-    for spans in run.spans:
-        [agent] = [span for span in spans if span.kind == SpanKind.AGENT]
-        assert agent.attributes[semconv.AGENT_NAME] == "codex_cli"
-        assert all(span.parent_id == agent.span_id for span in spans if span.kind == SpanKind.LLM)
+    """configs/codex_cli.yaml as `alight train` builds it, Codex in the local sandbox (see
+    check_the_hidden_tests_decide)."""
+    check_the_hidden_tests_decide(CODEX, tmp_path)
