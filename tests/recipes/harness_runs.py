@@ -222,3 +222,51 @@ def check_the_hidden_tests_decide(harness: Harness, where: Path) -> None:
         [agent] = [span for span in spans if span.kind == SpanKind.AGENT]
         assert agent.attributes[semconv.AGENT_NAME] == harness.name
         assert all(span.parent_id == agent.span_id for span in spans if span.kind == SpanKind.LLM)
+
+
+# -- `alight train` on the embedded engine ---------------------------------------------------------
+
+#: A CPU run of the loop: SmolLM2-135M greedy (a truncated answer fails a harness's turn, so each
+#: answer must end by itself), the short system prompt, two tasks, two steps, no validation.
+TRAIN_OVERRIDES = (
+    "trainer.steps=2", "trainer.batch_size=1", "trainer.group_size=2", "trainer.save_every=0",
+    "data.train_size=2", "data.val=null", "runner.n_runners=2",
+    "engine.sampling.temperature=0", "engine.sampling.max_tokens=512",
+)  # fmt: skip
+
+
+def check_alight_train_runs_two_steps(harness: Harness, where: Path) -> None:
+    """`alight train configs/<recipe>.yaml` with the embedded engine (SmolLM2-135M-Instruct): two
+    steps end, every training rollout ran the harness in its sandbox and was scored by the hidden
+    tests, and the harness's calls are LLM spans of its agent with the engine's token ids."""
+    import asyncio
+
+    from alight.store.sqlite import SqliteStore
+
+    install = f"${{oc.env:HOME}}/.cache/alight/harness/{harness.program}"
+    short = "recipes/small_model_instructions.md"
+    command = f"agent.command=[recipes/{harness.name}/agent.py,--install-dir,{install},--instructions,{short}]"
+    run_dir = where / "run"
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}", "NO_COLOR": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "alight", "train", str(harness.config), *TRAIN_OVERRIDES, command,
+         "--run-dir", str(run_dir), "--no-dashboard"],
+        capture_output=True, text=True, timeout=1500, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in steps if "train/reward_mean" in row] == [1, 2], steps
+
+    async def stored() -> tuple[list[Any], list[Span]]:
+        store = SqliteStore(run_dir / "store.db")
+        try:
+            rollouts = await store.list_rollouts()
+            return rollouts, [span for r in rollouts for span in await store.query_spans(r.rollout_id)]
+        finally:
+            await store.close()
+
+    rollouts, spans = asyncio.run(stored())
+    assert len(rollouts) == 4 and all(0.0 <= (r.reward or 0.0) <= 1.0 for r in rollouts)
+    llm = [span for span in spans if span.kind == SpanKind.LLM]
+    assert llm and {span.attributes[semconv.AGENT_NAME] for span in llm} == {harness.name}
+    assert all(span.attributes[semconv.LLM_PROMPT_TOKEN_IDS] for span in llm)
