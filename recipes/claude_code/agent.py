@@ -48,7 +48,9 @@ MODEL_VARIABLES = (
 def claude_env(environ: dict[str, str], home: str) -> dict[str, str]:
     """The environment Claude Code runs with: the attempt's route and key, ALIGHT_MODEL for every
     model it picks, a private home and config dir, and its traffic switches off."""
-    env = {key: environ[key] for key in ("PATH", "LANG", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY") if key in environ}
+    env: dict[str, str] = {
+        key: environ[key] for key in ("PATH", "LANG", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY") if key in environ
+    }
     env.update(QUIET, HOME=home, CLAUDE_CONFIG_DIR=str(Path(home, ".claude")), NO_COLOR="1")
     env.update(dict.fromkeys(MODEL_VARIABLES, environ["ALIGHT_MODEL"]))
     return env

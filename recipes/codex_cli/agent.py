@@ -77,7 +77,7 @@ def codex_argv(codex: str, prompt: str) -> list[str]:
 
 def codex_env(environ: dict[str, str], home: str) -> dict[str, str]:
     """The environment Codex runs with: the attempt's key, a private home, the PATH it was given."""
-    env = {key: environ[key] for key in ("PATH", "LANG", "OPENAI_API_KEY") if key in environ}
+    env: dict[str, str] = {key: environ[key] for key in ("PATH", "LANG", "OPENAI_API_KEY") if key in environ}
     env.update(HOME=home, CODEX_HOME=home, NO_COLOR="1", RUST_LOG="error")
     return env
 

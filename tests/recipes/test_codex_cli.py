@@ -19,7 +19,6 @@ from tests.recipes.harness_model import CodingModel, codex_patch, task_fix
 from tests.recipes.harness_runs import (
     CODEX,
     REPO,
-    check_alight_train_runs_two_steps,
     check_the_fix_through_the_proxy,
     check_the_hidden_tests_decide,
     drive_through_proxy,
@@ -136,11 +135,3 @@ def test_through_the_pool_and_sandbox_the_hidden_tests_decide_the_reward(tmp_pat
     """configs/codex_cli.yaml as `alight train` builds it, Codex in the local sandbox (see
     check_the_hidden_tests_decide)."""
     check_the_hidden_tests_decide(CODEX, tmp_path)
-
-
-@CODEX.installed()
-@pytest.mark.slow
-def test_alight_train_runs_two_steps_on_the_embedded_engine(tmp_path: Path) -> None:
-    """`alight train configs/codex_cli.yaml` for two steps with SmolLM2-135M (rewards ~0: the point is the
-    loop; see check_alight_train_runs_two_steps)."""
-    check_alight_train_runs_two_steps(CODEX, tmp_path)
