@@ -181,6 +181,16 @@ def drive_through_proxy(
         return ProxyDrive(done, spans_of(server, rollout_id), workdir)
 
 
+def first_call_with_short_instructions(harness: Harness, where: Path) -> tuple[str, list[dict[str, Any]]]:
+    """The driver with `--instructions recipes/small_model_instructions.md` behind a proxy: (the
+    file's text, the messages of the harness's first model call)."""
+    short = REPO / "recipes" / "small_model_instructions.md"
+    model = CodingModel(harness.plays, [])
+    run = drive_through_proxy(harness, model, load_tasks()[1], where, "--instructions", str(short))
+    assert run.done.returncode == 0, run.done.stderr[-2000:]
+    return short.read_text().strip(), model.requests[0].messages
+
+
 def check_the_fix_through_the_proxy(
     harness: Harness, where: Path, expected_calls: Callable[[Path, dict[str, Any]], list[tuple[str, Any]]]
 ) -> None:

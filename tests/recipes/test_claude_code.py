@@ -12,16 +12,9 @@ from typing import Any
 import pytest
 
 from alight.entrypoints import resolve_entrypoint
-from tests.recipes.harness_model import CodingModel, task_fix
-from tests.recipes.harness_runs import (
-    CLAUDE,
-    REPO,
-    check_the_fix_through_the_proxy,
-    check_the_hidden_tests_decide,
-    drive_through_proxy,
-    load_tasks,
-    run_driver,
-)
+from tests.recipes import harness_runs as runs
+from tests.recipes.harness_model import task_fix
+from tests.recipes.harness_runs import CLAUDE
 
 DRIVER = CLAUDE.driver
 claude_argv = resolve_entrypoint(f"{DRIVER}:claude_argv")
@@ -74,7 +67,7 @@ def test_environment_sets_every_model_and_turns_its_traffic_off() -> None:
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(tmp_path: Path, task: Any, env: dict[str, str], why: str) -> None:
-    done = run_driver(DRIVER, tmp_path, task, env)
+    done = runs.run_driver(DRIVER, tmp_path, task, env)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and why in done.stderr, done.stderr
     assert done.stderr.startswith("claude_code: ")
 
@@ -91,18 +84,14 @@ def test_claude_code_edits_the_repository_through_the_proxy_and_every_call_is_re
             ("Edit", {"file_path": path, "old_string": hunk.old, "new_string": hunk.new}),
         ]
 
-    check_the_fix_through_the_proxy(CLAUDE, tmp_path, expected)
+    runs.check_the_fix_through_the_proxy(CLAUDE, tmp_path, expected)
 
 
 @CLAUDE.installed()
 def test_instructions_replace_claude_codes_system_prompt(tmp_path: Path) -> None:
-    task = load_tasks()[1]
-    model = CodingModel("claude", [])
-    short = REPO / "recipes" / "small_model_instructions.md"
-    run = drive_through_proxy(CLAUDE, model, task, tmp_path, "--instructions", str(short))
-    assert run.done.returncode == 0, run.done.stderr[-2000:]
-    [system] = [m for m in model.requests[0].messages if m["role"] == "system"]
-    assert short.read_text() in system["content"] and "Claude Code" not in system["content"]
+    short, messages = runs.first_call_with_short_instructions(CLAUDE, tmp_path)
+    [system] = [message for message in messages if message["role"] == "system"]
+    assert short in system["content"] and "Claude Code" not in system["content"]
 
 
 @CLAUDE.installed()
@@ -110,4 +99,4 @@ def test_instructions_replace_claude_codes_system_prompt(tmp_path: Path) -> None
 def test_through_the_pool_and_sandbox_the_hidden_tests_decide_the_reward(tmp_path: Path) -> None:
     """configs/claude_code.yaml as `alight train` builds it, Claude Code in the local sandbox (see
     check_the_hidden_tests_decide)."""
-    check_the_hidden_tests_decide(CLAUDE, tmp_path)
+    runs.check_the_hidden_tests_decide(CLAUDE, tmp_path)

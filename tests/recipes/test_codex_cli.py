@@ -15,14 +15,12 @@ from typing import Any
 import pytest
 
 from alight.entrypoints import resolve_entrypoint
-from tests.recipes.harness_model import CodingModel, codex_patch, task_fix
+from tests.recipes.harness_model import codex_patch, task_fix
 from tests.recipes.harness_runs import (
     CODEX,
-    REPO,
     check_the_fix_through_the_proxy,
     check_the_hidden_tests_decide,
-    drive_through_proxy,
-    load_tasks,
+    first_call_with_short_instructions,
     run_driver,
 )
 
@@ -121,12 +119,8 @@ def test_codex_edits_the_repository_through_the_proxy_and_every_call_is_recorded
 
 @CODEX.installed()
 def test_instructions_replace_codexs_system_prompt(tmp_path: Path) -> None:
-    task = load_tasks()[1]
-    model = CodingModel("codex", [])
-    short = REPO / "recipes" / "small_model_instructions.md"
-    run = drive_through_proxy(CODEX, model, task, tmp_path, "--instructions", str(short))
-    assert run.done.returncode == 0, run.done.stderr[-2000:]
-    assert model.requests[0].messages[0] == {"role": "system", "content": short.read_text().strip()}
+    short, messages = first_call_with_short_instructions(CODEX, tmp_path)
+    assert messages[0] == {"role": "system", "content": short}
 
 
 @CODEX.installed()
