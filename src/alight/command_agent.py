@@ -57,9 +57,9 @@ from alight import semconv
 from alight.agent import LLM, AgentFailure, LitAgent
 from alight.config.schema import RewardConfig, SandboxConfig
 from alight.errors import ConfigError
-from alight.rewards.tests import tests_reward
-from alight.sandbox.base import RunResult, SandboxError
-from alight.sandbox.factory import open_sandbox, sandbox_environment
+from alight.rewards.tests import check_tests_reward, reward_from_tests
+from alight.sandbox.base import RunResult, SandboxError, task_folder
+from alight.sandbox.factory import check_sandbox, open_sandbox, sandbox_environment
 from alight.sandbox.process import run_process
 from alight.tracing.context import current_attempt, current_frame
 from alight.types import Attempt, Rollout, SpanKind
@@ -110,14 +110,14 @@ class CommandAgent(LitAgent):
             with tempfile.TemporaryDirectory(prefix="alight-command-") as folder:
                 env = {k: v for k, v in os.environ.items() if k not in RUNNER_SECRETS}  # the runner's own keys stay
                 return await self._attempt(task, env | variables, Path(folder), self._run_here)
-        source = _task_folder(task, self.sandbox.workdir, self.cwd)
         allow = [url for url in (variables.get("OPENAI_BASE_URL"), variables.get("ALIGHT_STORE_URL")) if url]
         try:
+            source = task_folder(task, self.sandbox.workdir, Path(self.cwd), "agent.sandbox.workdir")
             async with open_sandbox(self.sandbox, source=source, allow=allow) as box:
                 env = sandbox_environment(box, variables)
                 reward = await self._attempt(task, env, box.private, functools.partial(box.run, timeout_s=self.time_s))
                 if self.reward is not None and self.reward.kind == "tests":
-                    return await tests_reward(box, self.reward.tests, task, Path(self.cwd))
+                    return await reward_from_tests(box, self.reward.tests, task, Path(self.cwd))
                 return reward
         except SandboxError as err:
             raise AgentFailure(f"agent {self.name}: {err}") from None
@@ -202,6 +202,13 @@ def command_agent(
     raise ConfigError(f"agent.command must be a list of strings or a string, got {command!r}")
 
 
+def check_command_agent(command: Any, sandbox: SandboxConfig, reward: RewardConfig) -> None:
+    """One-line ConfigErrors, at config load, for a sandbox or a tests reward this machine cannot run."""
+    check_tests_reward(reward.kind, reward.tests, command)
+    if command is not None and (sandbox.kind != "none" or sandbox.workdir is not None or reward.kind == "tests"):
+        check_sandbox(sandbox)
+
+
 def parse_reward(text: str) -> float | None:
     """The reward `text` states: a number or a JSON object with a numeric "reward"; None otherwise.
     AgentFailure for a reward that is not a finite number."""
@@ -267,16 +274,6 @@ def _absolute(part: str, cwd: str) -> str:
     if part.startswith("-") or os.path.isabs(part) or not Path(cwd, part).is_file():
         return part
     return str(Path(cwd, part).resolve())
-
-
-def _task_folder(task: Any, field: str | None, cwd: str) -> Path | None:
-    """The folder the task's `field` names (relative to `cwd`): the attempt's working copy source."""
-    if field is None:
-        return None
-    value = task.get(field) if isinstance(task, dict) else getattr(task, field, None)
-    if not isinstance(value, str) or not value:
-        raise AgentFailure(f"agent.sandbox.workdir: the task has no field {field!r} naming a directory")
-    return Path(cwd, value).expanduser()
 
 
 def _default_name(command: list[str], cwd: str) -> str:

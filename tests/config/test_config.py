@@ -92,8 +92,8 @@ LR = "did you mean 'algorithm.lr'?"
         (
             "",
             ["no_such=1"],
-            "override 'no_such=1': unknown key 'no_such'; the top-level keys are: name, agent, reward, data, engine, proxy,"
-            " store, runner, dev, adapter, algorithm, warm_start, trainer, logging, verl",
+            "override 'no_such=1': unknown key 'no_such'; the top-level keys are: name, agent, reward, data, engine,"
+            " proxy, store, runner, dev, adapter, algorithm, warm_start, trainer, logging, verl",
         ),
         (
             "",

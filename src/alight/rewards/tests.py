@@ -23,7 +23,7 @@ from alight import semconv
 from alight.agent import AgentFailure
 from alight.config.schema import TestsRewardConfig
 from alight.errors import ConfigError
-from alight.sandbox.base import Sandbox
+from alight.sandbox.base import Sandbox, task_folder
 from alight.sandbox.factory import sandbox_environment
 from alight.tracing.context import current_frame
 from alight.types import SpanKind
@@ -105,24 +105,11 @@ def _argv(command: Any) -> list[str]:
     return [str(part) for part in command]
 
 
-def hidden_tests(task: Any, field: str | None, base: Path) -> Path | None:
-    """The task's hidden-tests folder (its `field`, relative to `base`), or None without a field."""
-    if field is None:
-        return None
-    value = task.get(field) if isinstance(task, dict) else getattr(task, field, None)
-    if not isinstance(value, str) or not value:
-        raise AgentFailure(f"reward.tests.files: the task has no field {field!r} naming its hidden tests")
-    folder = (base / value).expanduser()
-    if not folder.is_dir():
-        raise AgentFailure(f"reward.tests.files: {folder} is not a directory")
-    return folder
-
-
-async def tests_reward(box: Sandbox, config: TestsRewardConfig, task: Any, base: Path) -> float | None:
+async def reward_from_tests(box: Sandbox, config: TestsRewardConfig, task: Any, base: Path) -> float | None:
     """Copy the hidden tests in, run the test command in `box`: the share that passed, or None when
     it is recorded as the attempt's REWARD span (inside an attempt, where the runner takes it from
     there). AgentFailure, in one line, when no share can be read."""
-    folder = hidden_tests(task, config.files, base)
+    folder = task_folder(task, config.files, base, "reward.tests.files")
     if folder is not None:
         shutil.copytree(folder, box.workdir / folder.name, symlinks=True, dirs_exist_ok=True)
     argv = _argv(config.command)
@@ -139,9 +126,7 @@ async def tests_reward(box: Sandbox, config: TestsRewardConfig, task: Any, base:
     if counts is None:
         counts = parse_pytest_summary((result.stdout_tail + b"\n" + result.stderr_tail).decode(errors="replace"))
     if counts is None:
-        raise AgentFailure(
-            f"reward.tests: no pass/fail counts in the report or output of {command} (exit {result.code})"
-        )
+        raise AgentFailure(f"reward.tests: no pass/fail counts in the output of {command} (exit {result.code})")
     if counts.total == 0:
         raise AgentFailure(f"reward.tests: {command} ran no tests")
     return None if _record(counts, command) else counts.reward

@@ -8,21 +8,17 @@ command started when it ends, times out or is cancelled.
 
 from __future__ import annotations
 
+import functools
 import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from alight.errors import AlightError
+from alight.sandbox.result import RunResult, SandboxError, Sink
 
-#: How much of the end of a command's stdout and stderr a RunResult keeps.
-TAIL_BYTES = 8192
-
-
-class SandboxError(AlightError, code="sandbox_error"):
-    """A sandbox could not be set up (a missing program, a kernel without namespaces)."""
+__all__ = ["Launch", "RunResult", "Sandbox", "SandboxError", "SandboxSettings", "Sink", "task_folder"]
 
 
 class SandboxSettings(Protocol):
@@ -37,21 +33,6 @@ class SandboxSettings(Protocol):
     image: str | None
 
 
-@dataclass(frozen=True)
-class RunResult:
-    """How a command ended: its exit code (-N: killed by signal N), the ends of its output, and
-    whether it ran past its time limit (then it and everything it started were killed)."""
-
-    code: int
-    stdout_tail: bytes = b""
-    stderr_tail: bytes = b""
-    timed_out: bool = False
-
-
-#: Called with each chunk of a command's stdout as it arrives (b"" at its end).
-Sink = Callable[[bytes], None]
-
-
 class Sandbox(ABC):
     """One attempt's sandbox. `workdir` is the host path of the working copy (read-write inside);
     `private` a host directory outside it, also visible and writable inside at the same path (the
@@ -60,7 +41,6 @@ class Sandbox(ABC):
     workdir: Path
     private: Path
 
-    @abstractmethod
     async def run(
         self,
         argv: Sequence[str],
@@ -71,10 +51,55 @@ class Sandbox(ABC):
         stdout: Sink | None = None,
     ) -> RunResult:
         """Run `argv` in the working copy with exactly `env`; kill it (and all it started) after
-        `timeout_s` or when cancelled. OSError-like start failures raise SandboxError."""
+        `timeout_s` or when cancelled. A sandbox or program that cannot start: SandboxError."""
+        from alight.sandbox.process import run_process
+
+        launch = await self.launch(argv, env)
+        try:
+            run = functools.partial(run_process, stdin=stdin, timeout_s=timeout_s, stdout=stdout)
+            result = await run(launch.argv, cwd=launch.cwd, env=launch.env, preexec=launch.preexec)
+        finally:
+            await self.ended(launch)
+        return self.result(result)
+
+    @abstractmethod
+    async def launch(self, argv: Sequence[str], env: Mapping[str, str]) -> Launch:
+        """The host process that runs `argv` with `env` in this sandbox."""
+
+    async def ended(self, launch: Launch) -> None:  # noqa: B027 - most backends have nothing to end
+        """Called when the launched process has ended or was killed (a container to remove)."""
+
+    def result(self, result: RunResult) -> RunResult:
+        """The command's result from the launched process's (a wrapper may report the command's own code)."""
+        return result
 
     async def close(self) -> None:  # noqa: B027 - backends without resources of their own keep this
         """Release what the sandbox holds beyond its folders (relays, containers)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The host process a backend starts for one command: the command itself or its wrapper."""
+
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    preexec: Callable[[], None] | None = None
+    name: str = ""  # what `ended` needs to find it again (a container's name)
+
+
+def task_folder(task: Any, field: str | None, base: Path, setting: str) -> Path | None:
+    """The folder the task's `field` names (relative to `base`), or None without a field;
+    SandboxError naming `setting` when the task has no such field or folder."""
+    if field is None:
+        return None
+    value = task.get(field) if isinstance(task, dict) else getattr(task, field, None)
+    if not isinstance(value, str) or not value:
+        raise SandboxError(f"{setting}: the task has no field {field!r} naming a directory")
+    folder = (base / value).expanduser()
+    if not folder.is_dir():
+        raise SandboxError(f"{setting}: {folder} is not a directory")
+    return folder
 
 
 def copy_working_copy(source: Path | None, target: Path) -> None:

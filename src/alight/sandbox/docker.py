@@ -18,9 +18,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from alight.sandbox.base import RunResult, Sink
+from alight.sandbox.base import Launch, RunResult
 from alight.sandbox.local import INIT, LocalSandbox
-from alight.sandbox.process import run_process
 
 #: Processes a container may hold (a fork bomb stops here).
 PIDS_LIMIT = 512
@@ -59,26 +58,19 @@ class DockerSandbox(LocalSandbox):
             args += ["python3", f"{INSIDE}/init.py", "--relay", relays, "--"]
         return [*args, *argv]
 
-    async def run(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        stdin: bytes = b"",
-        timeout_s: float | None = None,
-        stdout: Sink | None = None,
-    ) -> RunResult:
+    async def launch(self, argv: Sequence[str], env: Mapping[str, str]) -> Launch:
         await self._start_relays()
-        docker, name = shutil.which("docker") or "docker", f"alight-{uuid.uuid4().hex[:12]}"
+        name = f"alight-{uuid.uuid4().hex[:12]}"
         args = self.docker_args(argv, env, name)
-        args[0] = docker
+        args[0] = shutil.which("docker") or "docker"
         client_env = {k: v for k, v in os.environ.items() if k in CLIENT_VARIABLES} | dict(env)
-        try:
-            return await run_process(
-                args, cwd=str(self.folder), env=client_env, stdin=stdin, timeout_s=timeout_s, stdout=stdout
-            )
-        finally:
-            await _kill(docker, name)
+        return Launch(args, str(self.folder), client_env, name=name)
+
+    async def ended(self, launch: Launch) -> None:
+        await _kill(launch.argv[0], launch.name)
+
+    def result(self, result: RunResult) -> RunResult:
+        return result  # docker run exits with the command's own code
 
 
 async def _kill(docker: str, name: str) -> None:

@@ -25,9 +25,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from alight.errors import ConfigError
-from alight.sandbox.base import RunResult, Sandbox, SandboxError, SandboxSettings, Sink
+from alight.sandbox.base import Launch, RunResult, Sandbox, SandboxError, SandboxSettings
 from alight.sandbox.namespace_init import pipe
-from alight.sandbox.process import run_process
 
 INIT = Path(__file__).with_name("namespace_init.py")
 UNSHARE = ("--user", "--map-root-user", "--net", "--mount", "--pid", "--fork", "--kill-child")
@@ -45,26 +44,18 @@ class LocalSandbox(Sandbox):
         (folder / "root").mkdir(exist_ok=True)
         (folder / "relay").mkdir(exist_ok=True)
 
-    async def run(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        stdin: bytes = b"",
-        timeout_s: float | None = None,
-        stdout: Sink | None = None,
-    ) -> RunResult:
+    async def launch(self, argv: Sequence[str], env: Mapping[str, str]) -> Launch:
         await self._start_relays()
-        status = self.folder / "status"
-        status.write_text("")
+        (self.folder / "status").write_text("")
         spec = self.folder / "spec.json"
         spec.write_text(json.dumps(self.spec(argv, env)))
         unshare = shutil.which("unshare") or "unshare"
         command = [unshare, *UNSHARE, sys.executable, "-I", str(INIT), str(spec)]
-        result = await run_process(
-            command, cwd=str(self.folder), env={"PATH": os.defpath}, stdin=stdin, timeout_s=timeout_s, stdout=stdout
-        )
-        written = status.read_text().strip()
+        return Launch(command, str(self.folder), {"PATH": os.defpath})
+
+    def result(self, result: RunResult) -> RunResult:
+        """The command's own exit status, which namespace_init.py wrote (its init exits 0)."""
+        written = (self.folder / "status").read_text().strip()
         if written == "setup":
             line = result.stderr_tail.decode(errors="replace").strip().splitlines()[-1:] or ["no reason given"]
             raise SandboxError(f"the local sandbox could not start: {line[0]}")

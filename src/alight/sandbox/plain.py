@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from alight.sandbox.base import RunResult, Sandbox, SandboxSettings, Sink
-from alight.sandbox.process import limits, run_process
+from alight.sandbox.base import Launch, Sandbox, SandboxSettings
+from alight.sandbox.process import limits
 
 
 class PlainSandbox(Sandbox):
@@ -20,16 +20,5 @@ class PlainSandbox(Sandbox):
         self.workdir = folder / "work"
         self.private = folder / "private"
 
-    async def run(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        stdin: bytes = b"",
-        timeout_s: float | None = None,
-        stdout: Sink | None = None,
-    ) -> RunResult:
-        preexec = limits(self.settings.cpu_s, self.settings.memory_mb)
-        return await run_process(
-            argv, cwd=str(self.workdir), env=env, stdin=stdin, timeout_s=timeout_s, stdout=stdout, preexec=preexec
-        )
+    async def launch(self, argv: Sequence[str], env: Mapping[str, str]) -> Launch:
+        return Launch(list(argv), str(self.workdir), dict(env), limits(self.settings.cpu_s, self.settings.memory_mb))

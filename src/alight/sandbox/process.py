@@ -18,7 +18,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from alight.sandbox.base import TAIL_BYTES, RunResult, SandboxError, Sink
+from alight.sandbox.result import TAIL_BYTES, RunResult, SandboxError, Sink
 
 logger = logging.getLogger(__name__)
 

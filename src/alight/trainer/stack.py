@@ -59,19 +59,14 @@ def runner_agent(agent: AgentConfig, *, check: bool = True, reward: RewardConfig
 
     if (agent.entrypoint is None) == (agent.command is None):
         raise ConfigError(AGENT_CHOICE)
-    if check and reward is not None:
-        from alight.rewards.tests import check_tests_reward
+    if check:
+        from alight.command_agent import check_command_agent
 
-        check_tests_reward(reward.kind, reward.tests, agent.command)
+        check_command_agent(agent.command, agent.sandbox, reward if reward is not None else RewardConfig())
     if agent.command is not None:
         from alight.command_agent import command_agent
 
-        built = command_agent(agent.command, agent.name, sandbox=agent.sandbox, reward=reward)
-        if check and built.sandbox is not None:
-            from alight.sandbox.factory import check_sandbox
-
-            check_sandbox(built.sandbox)
-        return built
+        return command_agent(agent.command, agent.name, sandbox=agent.sandbox, reward=reward)
     assert agent.entrypoint is not None
     if check:
         from alight.agent import load_agent
