@@ -4,7 +4,7 @@ Layout (SWE-bench's field names; one folder per task, `tasks/<instance_id>/`):
 
     repo/       the tiny repository: the agent's working copy (agent.sandbox.workdir: repo)
     tests/      the hidden tests, copied into the working copy only after the agent ends
-                (reward.tests.files: tests); their files land at the working copy's root
+                (reward.tests.files: tests), as the working copy's folder `tests/`
     fix.patch   the reference fix (a unified diff against repo/, `patch -p1`); never shown to agents
 
 `tasks.jsonl` holds one row per task: `instance_id`, `repo` (the repository directory, relative to
@@ -137,8 +137,8 @@ def working_copy(task: Mapping[str, Any], dest: str | Path, *, fixed: bool = Fal
     shutil.copytree(task["repo"], dest)
     if fixed:
         apply_patch(Path(task["repo"]).parent / "fix.patch", dest)
-    if hidden_tests and task.get("tests"):
-        shutil.copytree(task["tests"], dest, dirs_exist_ok=True)
+    if hidden_tests and task.get("tests"):  # under their own folder name, as alight.rewards.tests copies them
+        shutil.copytree(task["tests"], dest / Path(task["tests"]).name, dirs_exist_ok=True)
     return dest
 
 

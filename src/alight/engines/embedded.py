@@ -252,7 +252,10 @@ class EmbeddedEngine(Engine):
 
         limit = self.max_context or 0
         if len(prompt_ids) >= limit:
-            raise ContextLengthError(f"the prompt is {len(prompt_ids)} tokens; the model's context is {limit}")
+            # OpenAI's wording, which clients (LiteLLM: ContextWindowExceededError) recognise
+            raise ContextLengthError(
+                f"This model's maximum context length is {limit} tokens; the prompt is {len(prompt_ids)}"
+            )
         if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
             raise InvalidRequestError("temperature must be >= 0 and top_p in (0, 1]")
         if sampling.max_tokens is not None and sampling.max_tokens < 1:
