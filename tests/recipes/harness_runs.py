@@ -78,9 +78,9 @@ def load_tasks(split: str | None = None) -> list[dict[str, Any]]:
 
 
 def hidden_test_outcomes(task: dict[str, Any], workdir: Path) -> dict[str, bool]:
-    """Copy the task's hidden tests into `workdir` (at its root, as the tests reward does) and run
-    them: node id -> passed."""
-    shutil.copytree(task["tests"], workdir, dirs_exist_ok=True)
+    """Copy the task's hidden tests into `workdir` under their folder's name (as the tests reward
+    does) and run them: node id -> passed."""
+    shutil.copytree(task["tests"], workdir / Path(task["tests"]).name, dirs_exist_ok=True)
     report = workdir.parent / "report.xml"
     subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"],
