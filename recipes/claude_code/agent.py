@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Anthropic's Claude Code, unchanged, as alight's command agent: one `claude -p` per attempt.
+
+alight starts this program in the attempt's working copy (agent.sandbox.workdir) with the task in
+ALIGHT_TASK_FILE and its model route in ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY and ALIGHT_MODEL.
+Claude Code runs in print mode with the issue text as the prompt (recipes/swe_harness.py), every
+model it would pick (main, small/fast, the aliases, sub-agents) set to ALIGHT_MODEL, a private home
+and config dir, its non-essential traffic, telemetry, error reporting and auto-updater off by its
+own variables, and permission to edit the working copy without prompts: the coding tools are allowed
+by rule (`--allowedTools`, permission mode acceptEdits). That works as root, where
+`--dangerously-skip-permissions` is refused unless IS_SANDBOX=1 says the machine is a sandbox.
+It exits with Claude Code's status.
+
+    bash recipes/claude_code/install.sh        # the pinned CLI, once
+    alight train configs/claude_code.yaml
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # recipes/: the shared driver
+import swe_harness
+
+INSTALL_DIR = "~/.cache/alight/harness/claude"  # where install.sh puts it
+TOOLS = "Bash,Read,Edit,Write,Glob,Grep"  # the coding tools; no web, no sub-agents
+#: Claude Code's own switches for everything that would leave the machine besides model calls.
+QUIET = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_BUG_COMMAND": "1",
+    "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
+}
+#: Every model Claude Code may pick (main, small/fast, the aliases, sub-agents): all the policy.
+MODEL_VARIABLES = (
+    "ANTHROPIC_MODEL",
+    "ANTHROPIC_SMALL_FAST_MODEL",
+    "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+    "ANTHROPIC_DEFAULT_SONNET_MODEL",
+    "ANTHROPIC_DEFAULT_OPUS_MODEL",
+    "CLAUDE_CODE_SUBAGENT_MODEL",
+)
+
+
+def claude_env(environ: dict[str, str], home: str) -> dict[str, str]:
+    """The environment Claude Code runs with: the attempt's route and key, ALIGHT_MODEL for every
+    model it picks, a private home and config dir, and its traffic switches off."""
+    env: dict[str, str] = {
+        key: environ[key] for key in ("PATH", "LANG", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY") if key in environ
+    }
+    env.update(QUIET, HOME=home, CLAUDE_CONFIG_DIR=str(Path(home, ".claude")), NO_COLOR="1")
+    env.update(dict.fromkeys(MODEL_VARIABLES, environ["ALIGHT_MODEL"]))
+    return env
+
+
+def claude_argv(claude: str, prompt: str, model: str, system_prompt: str | None = None) -> list[str]:
+    """`claude -p`: print mode, the coding tools allowed by rule, no session kept, no MCP servers;
+    `system_prompt` replaces Claude Code's own."""
+    replaced = ["--system-prompt", system_prompt] if system_prompt is not None else []
+    permissions = ["--tools", TOOLS, "--allowedTools", TOOLS, "--permission-mode", "acceptEdits"]
+    quiet = ["--no-session-persistence", "--strict-mcp-config", "--setting-sources", "", "--output-format", "text"]
+    return [claude, "-p", "--model", model, *permissions, *quiet, *replaced, prompt]
+
+
+def launch(
+    claude: str, prompt: str, environ: dict[str, str], home: str, instructions: str | None
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of one attempt."""
+    system_prompt = Path(instructions).read_text() if instructions is not None else None
+    return claude_argv(claude, prompt, environ["ALIGHT_MODEL"], system_prompt), claude_env(environ, home)
+
+
+if __name__ == "__main__":
+    needs = ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "ALIGHT_MODEL")
+    sys.exit(swe_harness.drive("claude_code", "claude", INSTALL_DIR, needs, launch))

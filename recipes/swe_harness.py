@@ -1,0 +1,73 @@
+"""What the coding-agent harness recipes (codex_cli, claude_code) share: the prompt they make from
+an SWE-style task, and the driver that runs a harness CLI once per attempt.
+
+`drive` reads the task from ALIGHT_TASK_FILE, checks that alight set the variables the harness needs,
+makes a private home directory (the harness reads and writes no user config), lets the recipe write
+its files there and build the command line and environment, runs the harness in the current
+directory (the attempt's working copy) with no stdin, and returns its exit status. The harness's
+stdout goes to stderr, so nothing the model writes is read as a reward: the hidden tests decide it.
+Bad input (no task, no issue text, a variable missing, the CLI not installed) is one line on stderr
+and exit status 2. Standard library only: drivers run under any python3 inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PROMPT = """Resolve this issue in the Python repository in the current directory:
+
+{issue}
+
+Change the repository's code in place so that the issue is fixed. Leave the tests alone."""
+
+#: (the CLI, the prompt, alight's environment, the private home, the system prompt file or None)
+#: -> (argv, environment)
+Launch = Callable[[str, str, dict[str, str], str, str | None], tuple[list[str], dict[str, str]]]
+
+
+def prompt_of(task: Any) -> str:
+    """The prompt a harness gets: the task's issue text (SWE-bench's `problem_statement`)."""
+    issue = task.get("problem_statement") if isinstance(task, dict) else None
+    if not isinstance(issue, str) or not issue.strip():
+        raise ValueError("the task has no problem_statement (the issue text)")
+    return PROMPT.format(issue=issue.strip())
+
+
+def drive(name: str, program: str, install_dir: str, needs: tuple[str, ...], launch: Launch) -> int:
+    """Run the harness `program` (under `install_dir`/node_modules/.bin) on the attempt's task."""
+    parser = argparse.ArgumentParser(prog=name, description=f"{name}: run the harness on one task")
+    parser.add_argument("--install-dir", default=install_dir, help="where the recipe's install.sh put the CLI")
+    parser.add_argument(
+        "--instructions",
+        help="a file whose text replaces the harness's own system prompt (for small models); default: its own",
+    )
+    args = parser.parse_args()
+    cli = Path(args.install_dir).expanduser() / "node_modules" / ".bin" / program
+    missing = [variable for variable in ("ALIGHT_TASK_FILE", *needs) if not os.environ.get(variable)]
+    if missing:
+        return _refuse(name, f"{', '.join(missing)} not set (alight sets them for a command agent)")
+    try:
+        prompt = prompt_of(json.loads(Path(os.environ["ALIGHT_TASK_FILE"]).read_text()))
+    except (OSError, ValueError) as err:
+        return _refuse(name, f"bad task: {err}")
+    if not cli.is_file():
+        return _refuse(name, f"no {program} at {cli}: run recipes/{name}/install.sh")
+    instructions = str(Path(args.instructions).resolve()) if args.instructions else None
+    if instructions is not None and not Path(instructions).is_file():
+        return _refuse(name, f"--instructions {args.instructions}: no such file")
+    with tempfile.TemporaryDirectory(prefix=f"alight-{name}-home-") as home:
+        argv, env = launch(str(cli), prompt, dict(os.environ), home, instructions)
+        return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr).returncode
+
+
+def _refuse(name: str, why: str) -> int:
+    print(f"{name}: {why}", file=sys.stderr)
+    return 2
