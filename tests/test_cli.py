@@ -63,7 +63,7 @@ def test_help_and_version() -> None:
     assert version.returncode == 0 and version.stdout.startswith("alight ")
 
 
-@pytest.mark.parametrize("command", [[], ["store"], ["serve"], ["dev"], ["train"], ["trace"], ["runner"]])
+@pytest.mark.parametrize("command", [[], ["store"], ["serve"], ["dev"], ["train"], ["trace"], ["runner"], ["eval"]])
 def test_help_shows_flags_as_flags(command: list[str]) -> None:
     env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1"}
     result = subprocess.run([*ALIGHT, *command, "--help"], capture_output=True, text=True, timeout=60, env=env)
