@@ -203,7 +203,10 @@ async def test_tool_calls_and_tool_results_render_through_the_template(engine: E
         (ChatRequest(model="tiny", messages=[]), "messages must be a non-empty list"),
         (ChatRequest(model="tiny", messages=[{"role": "wizard", "content": "hi"}]), "role must be one of"),
         (ChatRequest(model="tiny", messages=[{"role": "user"}]), "content is missing"),
-        (ChatRequest(model="tiny", messages=[{"role": "user", "content": "x" * 1100}]), "maximum context length is 1024 tokens"),
+        (
+            ChatRequest(model="tiny", messages=[{"role": "user", "content": "x" * 1100}]),
+            "maximum context length is 1024 tokens",
+        ),
         (
             ChatRequest(model="tiny", messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function"}]),
             "function",

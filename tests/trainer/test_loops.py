@@ -66,7 +66,12 @@ CALLERS = {
     "check_apo": {"trainer/checks.py"},
     "check_selection": {"trainer/checks.py", "trainer/sft_source.py", "algorithms/sft.py"},
     "check_source": {"trainer/checks.py"},
-    "check_pool": {"trainer/checks.py", "trainer/dev.py", "runner/service.py"},
+    "check_pool": {
+        "trainer/checks.py",
+        "trainer/dev.py",
+        "trainer/evaluation.py",
+        "runner/service.py",
+    },  # each command checks once: train, dev, eval, runner
     # the stack parses the spec it opens (dev starts one too); open_store parses a URL it is given
     "check_store": {"trainer/checks.py", "trainer/stack.py", "store/factory.py"},
 }
