@@ -66,6 +66,7 @@ CALLERS = {
     "check_apo": {"trainer/checks.py"},
     "check_selection": {"trainer/checks.py", "trainer/sft_source.py", "algorithms/sft.py"},
     "check_source": {"trainer/checks.py"},
+    # each command checks once: train (checks.py), dev, eval, `alight runner` (service.py)
     "check_pool": {
         "trainer/checks.py",
         "trainer/dev.py",
