@@ -57,7 +57,7 @@ from alight import semconv
 from alight.agent import LLM, AgentFailure, LitAgent
 from alight.config.schema import RewardConfig, SandboxConfig
 from alight.errors import ConfigError
-from alight.rewards.tests import check_tests_reward, reward_from_tests
+from alight.rewards.tests import check_hidden, check_tests_reward, reward_from_tests
 from alight.sandbox.base import RunResult, SandboxError, task_folder
 from alight.sandbox.factory import check_sandbox, open_sandbox, sandbox_environment
 from alight.sandbox.process import run_process
@@ -114,6 +114,8 @@ class CommandAgent(LitAgent):
         try:
             source = task_folder(task, self.sandbox.workdir, Path(self.cwd), "agent.sandbox.workdir")
             async with open_sandbox(self.sandbox, source=source, allow=allow) as box:
+                if self.reward is not None and self.reward.kind == "tests":
+                    check_hidden(box, self.reward.tests, task, Path(self.cwd), self.command)
                 env = sandbox_environment(box, variables)
                 reward = await self._attempt(task, env, box.private, functools.partial(box.run, timeout_s=self.time_s))
                 if self.reward is not None and self.reward.kind == "tests":

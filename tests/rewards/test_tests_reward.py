@@ -17,7 +17,7 @@ from alight.agent import AgentFailure
 from alight.command_agent import CommandAgent
 from alight.config import schema
 from alight.config.schema import RewardConfig, SandboxConfig
-from alight.rewards.tests import Counts, parse_junit, parse_pytest_summary, reward_from_tests
+from alight.rewards.tests import Counts, check_hidden, parse_junit, parse_pytest_summary, reward_from_tests
 from alight.runner.pool import RunnerPool
 from alight.sandbox.factory import open_sandbox
 from alight.sandbox.local import check_local
@@ -165,3 +165,39 @@ def test_no_tests_or_no_counts_fail_the_attempt_in_one_line(tmp_path: Path, scri
     with pytest.raises(AgentFailure) as caught:
         asyncio.run(score())
     assert str(caught.value) == expected.format(cmd=shlex.join(command))
+
+
+def test_hidden_tests_readable_inside_the_sandbox_refuse_the_attempt(tmp_path: Path) -> None:
+    """The agent must not read the tests that score it: a local sandbox that exposes them (an
+    `expose` entry above them, or the program's own folder holding them) refuses to start it."""
+    check_local()
+    repo, hidden = _tiny_repo(tmp_path)
+    program = [sys.executable, str(AGENT)]
+    config = schema.TestsRewardConfig(command=["true"], files="tests")
+    task = {"repo": str(repo), "tests": str(hidden)}
+
+    async def check(expose: list[str], argv: list[str]) -> None:
+        async with open_sandbox(SandboxConfig(kind="local", expose=expose), source=repo, allow=[]) as box:
+            check_hidden(box, config, task, tmp_path, argv)
+
+    asyncio.run(check([str(repo)], program))  # the repository alone: the tests stay hidden
+    for expose, argv in (([str(tmp_path)], program), ([], [sys.executable, str(hidden / "test_calc.py")])):
+        with pytest.raises(AgentFailure) as caught:
+            asyncio.run(check(expose, argv))
+        assert str(caught.value).startswith(f"reward.tests.files: the hidden tests {hidden} are readable inside")
+
+
+def test_an_agent_that_could_read_its_hidden_tests_fails_before_it_starts(tmp_path: Path) -> None:
+    check_local()
+    repo, hidden = _tiny_repo(tmp_path)
+    reward = RewardConfig(kind="tests", tests=schema.TestsRewardConfig(command=["true"], files="tests"))
+    sandbox = SandboxConfig(kind="local", workdir="repo", time_s=60, expose=[str(tmp_path)])
+    agent = CommandAgent([sys.executable, str(AGENT)], name="fixer", sandbox=sandbox, reward=reward)
+    with (
+        StoreServer(SqliteStore(tmp_path / "store.db")) as store_server,
+        RunnerPool(agent, store_server.url, n_runners=1, instrument=False, heartbeat_interval_s=0.5),
+    ):
+        rollout, error, _ = asyncio.run(_one(store_server.url, {"repo": str(repo), "tests": str(hidden)}))
+    assert rollout.status == RolloutStatus.FAILED
+    assert error is not None and f"the hidden tests {hidden} are readable inside the sandbox" in error
+    assert "return a - b" in (repo / "calc.py").read_text()

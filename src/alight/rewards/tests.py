@@ -15,6 +15,7 @@ import re
 import shlex
 import shutil
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,19 @@ def _argv(command: Any) -> list[str]:
         except ValueError as err:
             raise ConfigError(f"reward.tests.command {command!r} does not parse: {err}") from None
     return [str(part) for part in command]
+
+
+def check_hidden(box: Sandbox, config: TestsRewardConfig, task: Any, base: Path, argv: Sequence[str]) -> None:
+    """AgentFailure, in one line, when the task's hidden tests are readable inside `box` by the
+    agent's `argv` (an `agent.sandbox.expose` entry, or the program's own folder, holding them):
+    the agent must not see the tests that score it. Checked before the agent starts."""
+    folder = task_folder(task, config.files, base, "reward.tests.files")
+    shown = box.shows(folder, argv) if folder is not None else None
+    if shown is not None:
+        raise AgentFailure(
+            f"reward.tests.files: the hidden tests {folder} are readable inside the sandbox through {shown};"
+            " expose narrower folders (agent.sandbox.expose) or keep the tests outside the program's folder"
+        )
 
 
 async def reward_from_tests(box: Sandbox, config: TestsRewardConfig, task: Any, base: Path) -> float | None:

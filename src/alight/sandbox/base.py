@@ -73,6 +73,11 @@ class Sandbox(ABC):
         """The command's result from the launched process's (a wrapper may report the command's own code)."""
         return result
 
+    def shows(self, path: Path, argv: Sequence[str]) -> str | None:
+        """The host folder shown inside (to a run of `argv`) through which `path` is readable, or
+        None where it is not. A backend without isolation (`none`) answers None: it hides nothing."""
+        return None
+
     async def close(self) -> None:  # noqa: B027 - backends without resources of their own keep this
         """Release what the sandbox holds beyond its folders (relays, containers)."""
 

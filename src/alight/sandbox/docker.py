@@ -32,6 +32,10 @@ CLIENT_VARIABLES = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CE
 class DockerSandbox(LocalSandbox):
     """The local sandbox's relays and spec, run by docker instead of unshare."""
 
+    def read_only(self, argv: Sequence[str]) -> list[str]:
+        """The host folders a container sees: `expose` (the rest is the image's)."""
+        return [str(Path(exposed).expanduser().absolute()) for exposed in self.settings.expose]
+
     def docker_args(self, argv: Sequence[str], env: Mapping[str, str], name: str) -> list[str]:
         """The exact `docker run` command line of one command, its container called `name`."""
         s = self.settings
@@ -44,8 +48,7 @@ class DockerSandbox(LocalSandbox):
             args += ["--ulimit", f"cpu={seconds}:{seconds + 1}"]
         for path, mode in ((self.workdir, "rw"), (self.private, "rw")):
             args += ["-v", f"{path}:{path}:{mode}"]
-        for exposed in s.expose:
-            host = Path(exposed).expanduser().absolute()
+        for host in self.read_only(argv):
             args += ["-v", f"{host}:{host}:ro"]
         if self.relays:
             args += ["-v", f"{self.folder / 'relay'}:{INSIDE}/relay:ro", "-v", f"{INIT}:{INSIDE}/init.py:ro"]

@@ -63,12 +63,25 @@ class LocalSandbox(Sandbox):
             return RunResult(int(written), result.stdout_tail, result.stderr_tail, result.timed_out)
         return result  # the namespace was killed (time limit, cancellation) before its init wrote a status
 
-    def spec(self, argv: Sequence[str], env: Mapping[str, str]) -> dict[str, object]:
-        """What namespace_init.py builds and runs."""
+    def read_only(self, argv: Sequence[str]) -> list[str]:
+        """The host folders a run of `argv` sees read-only: the system, the Python prefixes, the
+        program's own folders and `expose`."""
         read_only = [*SYSTEM, sys.prefix, sys.base_prefix, sys.exec_prefix, *self.settings.expose]
         read_only += [str(Path(part).parent) for part in _program_files(argv)]
+        return list(dict.fromkeys(str(Path(p).expanduser().absolute()) for p in read_only))
+
+    def shows(self, path: Path, argv: Sequence[str]) -> str | None:
+        target = path.resolve()
+        for shown in self.read_only(argv):
+            folder = Path(shown).resolve()
+            if target == folder or folder in target.parents:
+                return shown
+        return None
+
+    def spec(self, argv: Sequence[str], env: Mapping[str, str]) -> dict[str, object]:
+        """What namespace_init.py builds and runs."""
         mounts: list[dict[str, object]] = []
-        for path in dict.fromkeys(str(Path(p).expanduser().absolute()) for p in read_only):
+        for path in self.read_only(argv):
             if path in SYSTEM and os.path.islink(path):
                 mounts.append({"src": path, "dst": path, "link": os.readlink(path)})  # /bin -> usr/bin stays a link
             else:
