@@ -9,7 +9,8 @@ and config dir, its non-essential traffic, telemetry, error reporting and auto-u
 own variables, and permission to edit the working copy without prompts: the coding tools are allowed
 by rule (`--allowedTools`, permission mode acceptEdits). That works as root, where
 `--dangerously-skip-permissions` is refused unless IS_SANDBOX=1 says the machine is a sandbox.
-It exits with Claude Code's status.
+It exits with Claude Code's status, but 0 when Claude Code stopped on an answer cut at max_tokens
+(CUT, after its own retries): the hidden tests score the edits.
 
     bash recipes/claude_code/install.sh        # the pinned CLI, once
     alight train configs/claude_code.yaml
@@ -17,6 +18,7 @@ It exits with Claude Code's status.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -24,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # recipes/: the sh
 import swe_harness
 
 INSTALL_DIR = "~/.cache/alight/harness/claude"  # where install.sh puts it
+#: What `claude -p` prints (then exits 1) when the model's answer was cut at max_tokens.
+CUT = re.compile(r"API Error: Claude's response exceeded the \d+ output token maximum\..*")
 TOOLS = "Bash,Read,Edit,Write,Glob,Grep"  # the coding tools; no web, no sub-agents
 #: Claude Code's own switches for everything that would leave the machine besides model calls.
 QUIET = {
@@ -75,4 +79,4 @@ def launch(
 
 if __name__ == "__main__":
     needs = ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "ALIGHT_MODEL")
-    sys.exit(swe_harness.drive("claude_code", "claude", INSTALL_DIR, needs, launch))
+    sys.exit(swe_harness.drive("claude_code", "claude", INSTALL_DIR, needs, launch, CUT))

@@ -100,3 +100,18 @@ def test_through_the_pool_and_sandbox_the_hidden_tests_decide_the_reward(tmp_pat
     """configs/claude_code.yaml as `alight train` builds it, Claude Code in the local sandbox (see
     check_the_hidden_tests_decide)."""
     runs.check_the_hidden_tests_decide(CLAUDE, tmp_path)
+
+
+@CLAUDE.installed()
+def test_an_answer_cut_at_max_tokens_ends_the_episode_and_a_missing_model_fails_it(tmp_path: Path) -> None:
+    """Claude Code exits 1 on a turn cut at max_tokens; the driver ends the episode there (exit 0) so the
+    hidden tests score the edits; a model the proxy does not serve still fails the attempt."""
+    runs.check_a_cut_answer_ends_the_episode(CLAUDE, tmp_path)
+
+
+@CLAUDE.installed()
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_alight_train_runs_two_steps_with_the_embedded_engine(tmp_path: Path) -> None:
+    """The CLI, the embedded SmolLM2 (untrained), Claude Code in the local sandbox, the tests reward."""
+    runs.check_two_steps_of_embedded_train(CLAUDE, tmp_path)
