@@ -21,8 +21,6 @@ REPO = Path(__file__).resolve().parents[2]
 def check_two_steps_of_train(config: Path, agent: str, run_dir: Path, overrides: list[str], timeout_s: int) -> None:
     """`alight train config trainer.steps=2 *overrides` into `run_dir`, then the checks above;
     `overrides` set trainer.batch_size, group_size and val_size=1."""
-    from alight.store.sqlite import SqliteStore
-    from alight.types import RolloutMode
 
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
     argv = [sys.executable, "-m", "alight", "train", str(config), "trainer.steps=2", *overrides, "logging.plot=false"]
@@ -31,7 +29,14 @@ def check_two_steps_of_train(config: Path, agent: str, run_dir: Path, overrides:
     )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     size = {key: int(value) for key, _, value in (o.partition("=") for o in overrides) if key.startswith("trainer.")}
-    per_step = size["trainer.batch_size"] * size["trainer.group_size"]
+    check_the_run(run_dir, agent, per_step=size["trainer.batch_size"] * size["trainer.group_size"])
+
+
+def check_the_run(run_dir: Path, agent: str, *, per_step: int) -> None:
+    """What a 2-step run in `run_dir` must show (the module docstring); `per_step` rollouts a step."""
+    from alight.store.sqlite import SqliteStore
+    from alight.types import RolloutMode
+
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1, 2]
     for m in metrics[1:]:
