@@ -33,9 +33,9 @@ PROMPT = """Resolve this issue in the Python repository in the current directory
 
 Change the repository's code in place so that the issue is fixed. Leave the tests alone."""
 
-#: (the CLI, the prompt, alight's environment, the private home, the system prompt file or None)
-#: -> (argv, environment)
-Launch = Callable[[str, str, dict[str, str], str, str | None], tuple[list[str], dict[str, str]]]
+#: (the CLI, the prompt, alight's environment, the private home, the driver's options: `instructions`,
+#: the system prompt file or None; `max_output_tokens`, an int or None) -> (argv, environment)
+Launch = Callable[[str, str, dict[str, str], str, argparse.Namespace], tuple[list[str], dict[str, str]]]
 
 
 def prompt_of(task: Any) -> str:
@@ -57,6 +57,12 @@ def drive(
         "--instructions",
         help="a file whose text replaces the harness's own system prompt (for small models); default: its own",
     )
+    parser.add_argument(
+        "--max-output-tokens",
+        type=int,
+        help="the most tokens the harness asks for in one answer (Claude Code asks for 32,000 by default;"
+        " Codex asks for none, so the engine's max_tokens applies); default: its own",
+    )
     args = parser.parse_args()
     cli = Path(args.install_dir).expanduser() / "node_modules" / ".bin" / program
     missing = [variable for variable in ("ALIGHT_TASK_FILE", *needs) if not os.environ.get(variable)]
@@ -68,11 +74,13 @@ def drive(
         return _refuse(name, f"bad task: {err}")
     if not cli.is_file():
         return _refuse(name, f"no {program} at {cli}: run recipes/{name}/install.sh")
-    instructions = str(Path(args.instructions).resolve()) if args.instructions else None
-    if instructions is not None and not Path(instructions).is_file():
+    if args.instructions is not None and not Path(args.instructions).is_file():
         return _refuse(name, f"--instructions {args.instructions}: no such file")
+    if args.max_output_tokens is not None and args.max_output_tokens < 1:
+        return _refuse(name, f"--max-output-tokens {args.max_output_tokens}: not a positive number")
+    args.instructions = str(Path(args.instructions).resolve()) if args.instructions else None
     with tempfile.TemporaryDirectory(prefix=f"alight-{name}-home-") as home:
-        argv, env = launch(str(cli), prompt, dict(os.environ), home, instructions)
+        argv, env = launch(str(cli), prompt, dict(os.environ), home, args)
         code, was_cut = _run(argv, env, cut)
     if code != 0 and was_cut:
         print(f"{name}: the model's answer was cut at max_tokens: the episode ends here", file=sys.stderr)

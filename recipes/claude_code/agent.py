@@ -18,6 +18,7 @@ It exits with Claude Code's status, but 0 when Claude Code stopped on an answer 
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
@@ -70,11 +71,15 @@ def claude_argv(claude: str, prompt: str, model: str, system_prompt: str | None 
 
 
 def launch(
-    claude: str, prompt: str, environ: dict[str, str], home: str, instructions: str | None
+    claude: str, prompt: str, environ: dict[str, str], home: str, options: argparse.Namespace
 ) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment of one attempt."""
-    system_prompt = Path(instructions).read_text() if instructions is not None else None
-    return claude_argv(claude, prompt, environ["ALIGHT_MODEL"], system_prompt), claude_env(environ, home)
+    """The command line and environment of one attempt; `--max-output-tokens` is Claude Code's
+    CLAUDE_CODE_MAX_OUTPUT_TOKENS (the max_tokens of each of its calls)."""
+    system_prompt = Path(options.instructions).read_text() if options.instructions is not None else None
+    env = claude_env(environ, home)
+    if options.max_output_tokens is not None:
+        env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(options.max_output_tokens)
+    return claude_argv(claude, prompt, environ["ALIGHT_MODEL"], system_prompt), env
 
 
 if __name__ == "__main__":

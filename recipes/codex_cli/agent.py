@@ -16,6 +16,7 @@ but 0 when Codex stopped on an answer cut at max_tokens (CUT): the hidden tests 
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -87,10 +88,10 @@ def codex_env(environ: dict[str, str], home: str) -> dict[str, str]:
 
 
 def launch(
-    codex: str, prompt: str, environ: dict[str, str], home: str, instructions: str | None
+    codex: str, prompt: str, environ: dict[str, str], home: str, options: argparse.Namespace
 ) -> tuple[list[str], dict[str, str]]:
     """Write the attempt's config.toml into the private home; the command line and environment."""
-    config = codex_config(environ["OPENAI_BASE_URL"], environ["ALIGHT_MODEL"], instructions)
+    config = codex_config(environ["OPENAI_BASE_URL"], environ["ALIGHT_MODEL"], options.instructions)
     Path(home, "config.toml").write_text(config)
     return codex_argv(codex, prompt), codex_env(environ, home)
 

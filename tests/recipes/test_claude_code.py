@@ -6,6 +6,7 @@ repository). The CLI is installed by recipes/claude_code/install.sh; without it 
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,21 @@ def test_environment_sets_every_model_and_turns_its_traffic_off() -> None:
     ):
         assert env[switch] == "1"
     assert "ALIGHT_STORE_URL" not in env and "OPENAI_API_KEY" not in env
+
+
+def test_max_output_tokens_sets_claude_codes_own_limit_only_when_given() -> None:
+    """Claude Code asks for 32,000 tokens an answer unless CLAUDE_CODE_MAX_OUTPUT_TOKENS says less:
+    the driver's --max-output-tokens (configs/claude_code.yaml: 32, the CPU engine's max_tokens)."""
+    launch = resolve_entrypoint(f"{DRIVER}:launch")
+    for given, expected in ((None, None), (32, "32")):
+        options = argparse.Namespace(instructions=None, max_output_tokens=given)
+        _, env = launch("/x/claude", "fix it", {"PATH": "/bin", **ENV}, "/private", options)
+        assert env.get("CLAUDE_CODE_MAX_OUTPUT_TOKENS") == expected
+
+
+def test_a_max_output_tokens_below_1_is_exit_status_2(tmp_path: Path) -> None:
+    done = runs.run_driver(DRIVER, tmp_path, {"problem_statement": "x"}, ENV, "--max-output-tokens", "0")
+    assert done.returncode == 2 and done.stderr == "claude_code: --max-output-tokens 0: not a positive number\n"
 
 
 @pytest.mark.parametrize(
