@@ -9,7 +9,8 @@ and config dir, its non-essential traffic, telemetry, error reporting and auto-u
 own variables, and permission to edit the working copy without prompts: the coding tools are allowed
 by rule (`--allowedTools`, permission mode acceptEdits). That works as root, where
 `--dangerously-skip-permissions` is refused unless IS_SANDBOX=1 says the machine is a sandbox.
-It exits with Claude Code's status.
+It exits with Claude Code's status, but 0 when Claude Code stopped on an answer cut at max_tokens
+(CUT, after its own retries): the hidden tests score the edits.
 
     bash recipes/claude_code/install.sh        # the pinned CLI, once
     alight train configs/claude_code.yaml
@@ -17,6 +18,8 @@ It exits with Claude Code's status.
 
 from __future__ import annotations
 
+import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -24,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # recipes/: the sh
 import swe_harness
 
 INSTALL_DIR = "~/.cache/alight/harness/claude"  # where install.sh puts it
+#: What `claude -p` prints (then exits 1) when the model's answer was cut at max_tokens.
+CUT = re.compile(r"API Error: Claude's response exceeded the \d+ output token maximum\..*")
 TOOLS = "Bash,Read,Edit,Write,Glob,Grep"  # the coding tools; no web, no sub-agents
 #: Claude Code's own switches for everything that would leave the machine besides model calls.
 QUIET = {
@@ -66,13 +71,17 @@ def claude_argv(claude: str, prompt: str, model: str, system_prompt: str | None 
 
 
 def launch(
-    claude: str, prompt: str, environ: dict[str, str], home: str, instructions: str | None
+    claude: str, prompt: str, environ: dict[str, str], home: str, options: argparse.Namespace
 ) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment of one attempt."""
-    system_prompt = Path(instructions).read_text() if instructions is not None else None
-    return claude_argv(claude, prompt, environ["ALIGHT_MODEL"], system_prompt), claude_env(environ, home)
+    """The command line and environment of one attempt; `--max-output-tokens` is Claude Code's
+    CLAUDE_CODE_MAX_OUTPUT_TOKENS (the max_tokens of each of its calls)."""
+    system_prompt = Path(options.instructions).read_text() if options.instructions is not None else None
+    env = claude_env(environ, home)
+    if options.max_output_tokens is not None:
+        env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(options.max_output_tokens)
+    return claude_argv(claude, prompt, environ["ALIGHT_MODEL"], system_prompt), env
 
 
 if __name__ == "__main__":
     needs = ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "ALIGHT_MODEL")
-    sys.exit(swe_harness.drive("claude_code", "claude", INSTALL_DIR, needs, launch))
+    sys.exit(swe_harness.drive("claude_code", "claude", INSTALL_DIR, needs, launch, CUT))

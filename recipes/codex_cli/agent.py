@@ -7,7 +7,8 @@ a private CODEX_HOME whose config.toml names one model provider, `alight` (base_
 env_key = OPENAI_API_KEY, wire_api = responses), turns off what would reach elsewhere or offer the
 model tools the proxy does not take (update checks, analytics, web search, apps, plugins, goals,
 sub-agents), and runs `codex exec` full-auto with Codex's own sandbox off (alight's sandbox isolates
-the attempt), the task's issue text as the prompt (recipes/swe_harness.py). Exits with Codex's status.
+the attempt), the task's issue text as the prompt (recipes/swe_harness.py). Exits with Codex's status,
+but 0 when Codex stopped on an answer cut at max_tokens (CUT): the hidden tests score the edits.
 
     bash recipes/codex_cli/install.sh          # the pinned CLI, once
     alight train configs/codex_cli.yaml
@@ -15,7 +16,9 @@ the attempt), the task's issue text as the prompt (recipes/swe_harness.py). Exit
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -24,6 +27,8 @@ import swe_harness
 
 INSTALL_DIR = "~/.cache/alight/harness/codex"  # where install.sh puts it
 PROVIDER = "alight"
+#: What `codex exec` prints (then exits 1) when the model's answer was cut at max_tokens.
+CUT = re.compile(r"ERROR: Incomplete response returned, reason: max_output_tokens")
 
 
 def _toml(value: str) -> str:
@@ -83,10 +88,10 @@ def codex_env(environ: dict[str, str], home: str) -> dict[str, str]:
 
 
 def launch(
-    codex: str, prompt: str, environ: dict[str, str], home: str, instructions: str | None
+    codex: str, prompt: str, environ: dict[str, str], home: str, options: argparse.Namespace
 ) -> tuple[list[str], dict[str, str]]:
     """Write the attempt's config.toml into the private home; the command line and environment."""
-    config = codex_config(environ["OPENAI_BASE_URL"], environ["ALIGHT_MODEL"], instructions)
+    config = codex_config(environ["OPENAI_BASE_URL"], environ["ALIGHT_MODEL"], options.instructions)
     Path(home, "config.toml").write_text(config)
     return codex_argv(codex, prompt), codex_env(environ, home)
 
@@ -94,6 +99,6 @@ def launch(
 if __name__ == "__main__":
     sys.exit(
         swe_harness.drive(
-            "codex_cli", "codex", INSTALL_DIR, ("OPENAI_BASE_URL", "OPENAI_API_KEY", "ALIGHT_MODEL"), launch
+            "codex_cli", "codex", INSTALL_DIR, ("OPENAI_BASE_URL", "OPENAI_API_KEY", "ALIGHT_MODEL"), launch, CUT
         )
     )

@@ -130,3 +130,15 @@ class CodingModel(ScriptedEngine):
             text = f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
             return self._generation(messages, text, message, "tool_calls")
         return self._generation(messages, self.text, {"role": "assistant", "content": self.text}, "stop")
+
+
+class CutModel(CodingModel):
+    """A CodingModel whose last turn (after the fix, where it would sum up) is cut at max_tokens:
+    a few words and finish_reason "length", as a small model's answer at a small max_tokens."""
+
+    async def chat(self, request: ChatRequest) -> Generation:
+        answer = await super().chat(request)
+        if answer.finish_reason != "stop":
+            return answer
+        cut = "I changed the"
+        return self._generation(request.messages, cut, {"role": "assistant", "content": cut}, "length")

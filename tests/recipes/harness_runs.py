@@ -21,7 +21,8 @@ import pytest
 from alight import semconv
 from alight.entrypoints import resolve_entrypoint
 from alight.types import RolloutStatus, Span, SpanKind
-from tests.recipes.harness_model import CodingModel
+from tests.recipes.harness_model import CodingModel, CutModel
+from tests.recipes.train_runs import check_two_steps_of_train
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS_FILE = REPO / "recipes" / "swe_tasks" / "tasks.jsonl"
@@ -232,3 +233,32 @@ def check_the_hidden_tests_decide(harness: Harness, where: Path) -> None:
         [agent] = [span for span in spans if span.kind == SpanKind.AGENT]
         assert agent.attributes[semconv.AGENT_NAME] == harness.name
         assert all(span.parent_id == agent.span_id for span in spans if span.kind == SpanKind.LLM)
+
+
+def check_a_cut_answer_ends_the_episode(harness: Harness, where: Path) -> None:
+    """The real CLI on pager__pager-7, the scripted model making the fix and then cutting its summing
+    up at max_tokens (finish_reason "length"): the CLI fails that turn, but the driver ends the
+    episode (exit 0) and the hidden tests score the working copy: all pass. A route the proxy does
+    not serve (404: the model is not there) still fails the attempt, exit status non-zero."""
+    task = load_tasks()[1]
+    run = drive_through_proxy(harness, CutModel(harness.plays, [task]), task, where / "cut")
+    assert run.done.returncode == 0, run.done.stderr[-2000:]
+    ended = f"{harness.name}: the model's answer was cut at max_tokens: the episode ends here\n"
+    assert run.done.stderr.endswith(ended)
+    assert run.done.stdout == ""
+    assert hidden_test_outcomes(task, run.workdir) == dict.fromkeys(task["FAIL_TO_PASS"] + task["PASS_TO_PASS"], True)
+    from alight.proxy import Proxy, ProxyServer
+    from alight.store import MemoryStore
+
+    workdir = working_copy(task, where / "nowhere" / "repo")
+    with ProxyServer(Proxy(CodingModel(harness.plays, [task]), MemoryStore())) as server:
+        done = run_driver(harness.driver, workdir, task, harness.route_env(f"{server.url}/nowhere/v1"))
+    assert done.returncode != 0 and "episode ends here" not in done.stderr, done.stderr[-2000:]
+
+
+def check_two_steps_of_embedded_train(harness: Harness, where: Path) -> None:
+    """`alight train` on the recipe's config, 2 steps of 2 tasks x 2 attempts, the embedded tiny model
+    (untrained: its answers are cut at the config's max_tokens, which ends each episode; the hidden
+    tests score what is left)."""
+    overrides = ["trainer.batch_size=2", "trainer.group_size=2", "trainer.val_size=1"]
+    check_two_steps_of_train(harness.config, harness.name, where / "run", overrides, timeout_s=1700)

@@ -6,6 +6,7 @@ repository). The CLI is installed by recipes/claude_code/install.sh; without it 
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,21 @@ def test_environment_sets_every_model_and_turns_its_traffic_off() -> None:
     assert "ALIGHT_STORE_URL" not in env and "OPENAI_API_KEY" not in env
 
 
+def test_max_output_tokens_sets_claude_codes_own_limit_only_when_given() -> None:
+    """Claude Code asks for 32,000 tokens an answer unless CLAUDE_CODE_MAX_OUTPUT_TOKENS says less:
+    the driver's --max-output-tokens (configs/claude_code.yaml: 32, the CPU engine's max_tokens)."""
+    launch = resolve_entrypoint(f"{DRIVER}:launch")
+    for given, expected in ((None, None), (32, "32")):
+        options = argparse.Namespace(instructions=None, max_output_tokens=given)
+        _, env = launch("/x/claude", "fix it", {"PATH": "/bin", **ENV}, "/private", options)
+        assert env.get("CLAUDE_CODE_MAX_OUTPUT_TOKENS") == expected
+
+
+def test_a_max_output_tokens_below_1_is_exit_status_2(tmp_path: Path) -> None:
+    done = runs.run_driver(DRIVER, tmp_path, {"problem_statement": "x"}, ENV, "--max-output-tokens", "0")
+    assert done.returncode == 2 and done.stderr == "claude_code: --max-output-tokens 0: not a positive number\n"
+
+
 @pytest.mark.parametrize(
     ("task", "env", "why"),
     [
@@ -100,3 +116,18 @@ def test_through_the_pool_and_sandbox_the_hidden_tests_decide_the_reward(tmp_pat
     """configs/claude_code.yaml as `alight train` builds it, Claude Code in the local sandbox (see
     check_the_hidden_tests_decide)."""
     runs.check_the_hidden_tests_decide(CLAUDE, tmp_path)
+
+
+@CLAUDE.installed()
+def test_an_answer_cut_at_max_tokens_ends_the_episode_and_a_missing_model_fails_it(tmp_path: Path) -> None:
+    """Claude Code exits 1 on a turn cut at max_tokens; the driver ends the episode there (exit 0) so the
+    hidden tests score the edits; a model the proxy does not serve still fails the attempt."""
+    runs.check_a_cut_answer_ends_the_episode(CLAUDE, tmp_path)
+
+
+@CLAUDE.installed()
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_alight_train_runs_two_steps_with_the_embedded_engine(tmp_path: Path) -> None:
+    """The CLI, the embedded SmolLM2 (untrained), Claude Code in the local sandbox, the tests reward."""
+    runs.check_two_steps_of_embedded_train(CLAUDE, tmp_path)

@@ -18,8 +18,10 @@ from alight.entrypoints import resolve_entrypoint
 from tests.recipes.harness_model import codex_patch, task_fix
 from tests.recipes.harness_runs import (
     CODEX,
+    check_a_cut_answer_ends_the_episode,
     check_the_fix_through_the_proxy,
     check_the_hidden_tests_decide,
+    check_two_steps_of_embedded_train,
     first_call_with_short_instructions,
     run_driver,
 )
@@ -129,3 +131,18 @@ def test_through_the_pool_and_sandbox_the_hidden_tests_decide_the_reward(tmp_pat
     """configs/codex_cli.yaml as `alight train` builds it, Codex in the local sandbox (see
     check_the_hidden_tests_decide)."""
     check_the_hidden_tests_decide(CODEX, tmp_path)
+
+
+@CODEX.installed()
+def test_an_answer_cut_at_max_tokens_ends_the_episode_and_a_missing_model_fails_it(tmp_path: Path) -> None:
+    """Codex exits 1 on a turn cut at max_tokens; the driver ends the episode there (exit 0) so the
+    hidden tests score the edits; a model the proxy does not serve still fails the attempt."""
+    check_a_cut_answer_ends_the_episode(CODEX, tmp_path)
+
+
+@CODEX.installed()
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_alight_train_runs_two_steps_with_the_embedded_engine(tmp_path: Path) -> None:
+    """The CLI, the embedded SmolLM2 (untrained), Codex in the local sandbox, the tests reward."""
+    check_two_steps_of_embedded_train(CODEX, tmp_path)

@@ -30,6 +30,7 @@ from alight.config import load_config, to_object
 from alight.entrypoints import resolve_entrypoint
 from alight.types import Rollout, RolloutStatus, Span, SpanKind, Task
 from tests.fixtures.openai_server import ScriptedOpenAIServer, answer
+from tests.recipes.train_runs import check_two_steps_of_train
 
 pytest.importorskip("minisweagent", reason="the mini-swe extra runs mini-swe-agent")
 
@@ -197,54 +198,8 @@ def test_out_of_format_answers_end_the_episode_and_an_unreachable_model_fails_it
 def test_alight_train_runs_two_steps_of_mini_swe_with_the_embedded_engine(tmp_path: Path) -> None:
     """The CLI, the embedded tiny model (untrained: the rewards are what the hidden tests give the
     repository as it edits it, mostly the PASS_TO_PASS share), the local sandbox and the tests reward."""
-    from alight.store.sqlite import SqliteStore
-    from alight.types import RolloutMode
-
-    run_dir = tmp_path / "run"
-    overrides = ["trainer.steps=2", "trainer.batch_size=1", "trainer.group_size=2", "trainer.val_size=1"]
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "alight",
-            "train",
-            str(CONFIG),
-            *overrides,
-            "logging.plot=false",
-            "--run-dir",
-            str(run_dir),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=880,
-    )
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [0, 1, 2]
-    for m in metrics[1:]:
-        assert m["rollouts/succeeded"] == 2 and 0.0 <= m["train/reward_mean"] <= 1.0 and m["transitions"] >= 2
-    assert all(0.0 <= m["val/reward_mean"] <= 1.0 for m in (metrics[0], metrics[2]))
-
-    async def read() -> list[tuple[Rollout, list[Span]]]:
-        store = SqliteStore(run_dir / "store.db")
-        try:
-            rollouts = await store.list_rollouts(mode=RolloutMode.TRAIN)
-            return [(r, await store.query_spans(r.rollout_id)) for r in rollouts]
-        finally:
-            await store.close()
-
-    stored = asyncio.run(read())
-    assert len(stored) == 4
-    for rollout, spans in stored:
-        [tests] = [s for s in spans if s.kind == SpanKind.REWARD]
-        assert rollout.reward == tests.attributes[semconv.REWARD_VALUE]
-        calls = [s for s in spans if s.kind == SpanKind.LLM]
-        assert calls and {s.attributes.get(semconv.AGENT_NAME) for s in calls} == {"mini_swe"}
-        # the embedded engine's token ids on each answered call (a call past the tiny model's context has none)
-        assert any(s.attributes.get(semconv.LLM_RESPONSE_TOKEN_IDS) for s in calls)
+    overrides = ["trainer.batch_size=1", "trainer.group_size=2", "trainer.val_size=1"]
+    check_two_steps_of_train(CONFIG, "mini_swe", tmp_path / "run", overrides, timeout_s=880)
 
 
 def test_a_full_context_ends_the_episode_with_the_edits_kept(tmp_path: Path) -> None:
