@@ -257,8 +257,8 @@ def check_a_cut_answer_ends_the_episode(harness: Harness, where: Path) -> None:
 
 
 def check_two_steps_of_embedded_train(harness: Harness, where: Path) -> None:
-    """`alight train` on the recipe's config, 2 steps of 2 tasks x 2 attempts, the embedded tiny model
-    (untrained: its answers are cut at the config's max_tokens, which ends each episode; the hidden
-    tests score what is left)."""
-    overrides = ["trainer.batch_size=2", "trainer.group_size=2", "trainer.val_size=1"]
+    """`alight train` on the recipe's config, 2 steps of 1 task x 2 attempts (README's figures are of
+    2 tasks), the embedded SmolLM2 (untrained: its answers are cut at the config's max_tokens, which
+    ends each episode; the hidden tests score what is left)."""
+    overrides = ["trainer.batch_size=1", "trainer.group_size=2", "trainer.val_size=1"]
     check_two_steps_of_train(harness.config, harness.name, where / "run", overrides, timeout_s=1700)
