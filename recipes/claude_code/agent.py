@@ -3,7 +3,7 @@
 
 alight starts this program in the attempt's working copy (agent.sandbox.workdir) with the task in
 ALIGHT_TASK_FILE and its model route in ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY and ALIGHT_MODEL.
-Claude Code runs in print mode with the issue text as the prompt (recipes/swe_harness.py), every
+Claude Code runs in print mode with the issue text as the prompt (recipes/swe_harness/), every
 model it would pick (main, small/fast, the aliases, sub-agents) set to ALIGHT_MODEL, a private home
 and config dir, its non-essential traffic, telemetry, error reporting and auto-updater off by its
 own variables, and permission to edit the working copy without prompts: the coding tools are allowed

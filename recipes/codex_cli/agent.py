@@ -7,7 +7,7 @@ a private CODEX_HOME whose config.toml names one model provider, `alight` (base_
 env_key = OPENAI_API_KEY, wire_api = responses), turns off what would reach elsewhere or offer the
 model tools the proxy does not take (update checks, analytics, web search, apps, plugins, goals,
 sub-agents), and runs `codex exec` full-auto with Codex's own sandbox off (alight's sandbox isolates
-the attempt), the task's issue text as the prompt (recipes/swe_harness.py). Exits with Codex's status,
+the attempt), the task's issue text as the prompt (recipes/swe_harness/). Exits with Codex's status,
 but 0 when Codex stopped on an answer cut at max_tokens (CUT): the hidden tests score the edits.
 
     bash recipes/codex_cli/install.sh          # the pinned CLI, once

@@ -183,9 +183,9 @@ def drive_through_proxy(
 
 
 def first_call_with_short_instructions(harness: Harness, where: Path) -> tuple[str, list[dict[str, Any]]]:
-    """The driver with `--instructions recipes/small_model_instructions.md` behind a proxy: (the
+    """The driver with `--instructions recipes/swe_harness/small_model_instructions.md` behind a proxy: (the
     file's text, the messages of the harness's first model call)."""
-    short = REPO / "recipes" / "small_model_instructions.md"
+    short = REPO / "recipes" / "swe_harness" / "small_model_instructions.md"
     model = CodingModel(harness.plays, [])
     run = drive_through_proxy(harness, model, load_tasks()[1], where, "--instructions", str(short))
     assert run.done.returncode == 0, run.done.stderr[-2000:]
