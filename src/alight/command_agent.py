@@ -91,7 +91,8 @@ class CommandAgent(LitAgent):
         self.cwd = str(Path(cwd if cwd is not None else Path.cwd()).expanduser().resolve())
         self.command = _checked_command(command, self.cwd)
         self.reward = reward
-        self.sandbox = sandbox if sandbox is not None or reward is None or reward.kind != "tests" else SandboxConfig()
+        self.tests = reward.tests if reward is not None and reward.kind == "tests" else None  # they give the reward
+        self.sandbox = sandbox if sandbox is not None or self.tests is None else SandboxConfig()
         self.time_s = self.sandbox.time_s if self.sandbox is not None else None
         if self.sandbox is not None:  # cwd becomes the working copy: the script's path must not depend on it
             self.command[1:] = [_absolute(part, self.cwd) for part in self.command[1:]]
@@ -114,12 +115,12 @@ class CommandAgent(LitAgent):
         try:
             source = task_folder(task, self.sandbox.workdir, Path(self.cwd), "agent.sandbox.workdir")
             async with open_sandbox(self.sandbox, source=source, allow=allow) as box:
-                if self.reward is not None and self.reward.kind == "tests":
-                    check_hidden(box, self.reward.tests, task, Path(self.cwd), self.command)
+                if self.tests is not None:
+                    check_hidden(box, self.tests, task, Path(self.cwd), self.command)
                 env = sandbox_environment(box, variables)
                 reward = await self._attempt(task, env, box.private, functools.partial(box.run, timeout_s=self.time_s))
-                if self.reward is not None and self.reward.kind == "tests":
-                    return await reward_from_tests(box, self.reward.tests, task, Path(self.cwd))
+                if self.tests is not None:
+                    return await reward_from_tests(box, self.tests, task, Path(self.cwd))
                 return reward
         except SandboxError as err:
             raise AgentFailure(f"agent {self.name}: {err}") from None
@@ -191,8 +192,8 @@ def command_agent(
     """The agent of a config's `agent.command`: a list of arguments (numbers become text), or a
     string split like a shell splits it. ConfigError, in one line, for anything else. `sandbox`
     (agent.sandbox) is used when it isolates, names a workdir, or `reward` (reward) is kind tests."""
-    if sandbox is not None and sandbox.kind == "none" and sandbox.workdir is None:
-        sandbox = None if reward is None or reward.kind != "tests" else sandbox
+    if sandbox is not None and not uses_sandbox(sandbox, reward):
+        sandbox = None
     options: dict[str, Any] = {"sandbox": sandbox, "reward": reward}
     if isinstance(command, str):
         return CommandAgent(command, name, **options)
@@ -207,8 +208,14 @@ def command_agent(
 def check_command_agent(command: Any, sandbox: SandboxConfig, reward: RewardConfig) -> None:
     """One-line ConfigErrors, at config load, for a sandbox or a tests reward this machine cannot run."""
     check_tests_reward(reward.kind, reward.tests, command)
-    if command is not None and (sandbox.kind != "none" or sandbox.workdir is not None or reward.kind == "tests"):
+    if command is not None and uses_sandbox(sandbox, reward):
         check_sandbox(sandbox)
+
+
+def uses_sandbox(sandbox: SandboxConfig, reward: RewardConfig | None) -> bool:
+    """Whether a command agent's attempts run in `sandbox`: when it isolates (kind local or docker),
+    names a working copy, or the reward comes from tests run in that copy."""
+    return sandbox.kind != "none" or sandbox.workdir is not None or (reward is not None and reward.kind == "tests")
 
 
 def parse_reward(text: str) -> float | None:

@@ -84,10 +84,8 @@ def runner_agent(agent: AgentConfig, *, check: bool = True, reward: RewardConfig
 
 def judged_agent(agent: str | LitAgent, reward: RewardConfig, run_dir: Path | None) -> str | LitAgent:
     """`agent` (as `runner_agent` returns it), wrapped so an LLM judge gives its reward when
-    `reward.kind` is judge (alight.rewards.judge), with the run's shared score cache in `run_dir`."""
-    from alight.rewards.checks import check_reward
-
-    check_reward(reward)
+    `reward.kind` is judge (alight.rewards.judge), with the run's shared score cache in `run_dir`.
+    The settings were checked with the agent (`runner_agent` with `check`)."""
     if reward.kind != "judge":
         return agent
     from alight.rewards.judge import JudgedAgent
