@@ -88,3 +88,27 @@ def test_the_dry_run_prints_the_wheel_list_and_downloads_nothing(
     listing = json.loads(printed[0])
     assert listing["wheels"] == wheels and listing["python"] == "3.12" and listing["limit_bytes"] <= 60_000_000
     assert not (tmp_path / "out").exists()
+
+
+def test_each_run_trains_and_serves_on_the_gpu_and_keeps_its_whole_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first H100 run (2026-11-26) found the embedded engine generating on the CPU beside verl's
+    CUDA workers (engine.device defaults to cpu): both must be on the GPU, and the whole log kept."""
+    import run
+
+    seen: list[list[str]] = []
+
+    def fake_run(command: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        seen.append(command)
+        return subprocess.CompletedProcess(command, 0, stdout="x" * 5000, stderr="")
+
+    monkeypatch.setattr(run.subprocess, "run", fake_run)
+    args = run.parse(["--out", str(tmp_path / "smoke.json"), "--steps", "2"])
+    for engine in ("embedded", "vllm"):
+        result = run.train(tmp_path, args, engine, 60.0)
+        assert not result["ok"] and result["steps"] == 0  # no metrics were written
+        assert len((tmp_path / f"smoke-{engine}.log").read_text()) == 5000
+    embedded, vllm = seen
+    assert "trainer.device=cuda" in embedded and "engine.device=cuda" in embedded
+    assert "engine.kind=vllm" in vllm and not any(arg.startswith("engine.device") for arg in vllm)

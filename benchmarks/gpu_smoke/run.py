@@ -80,6 +80,8 @@ def train(work: Path, args: argparse.Namespace, engine: str, timeout_s: float) -
         # small steps: the check proves the path, it does not train (validation runs at step 0 and the end)
         "data.val_size=4", "trainer.batch_size=2", "trainer.group_size=4", "trainer.save_every=0",
         "algorithm.micro_batch_size=8",  # `auto` (the smol configs') is the embedded backend's only
+        # the embedded engine serves on the GPU too (engine.device defaults to cpu); vLLM always does
+        *(["engine.device=cuda"] if engine == "embedded" else []),
         *args.override,
     ]  # fmt: skip
     started = time.monotonic()
@@ -88,6 +90,8 @@ def train(work: Path, args: argparse.Namespace, engine: str, timeout_s: float) -
         rc, log = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as err:
         rc, log = 124, f"{err.stdout or ''}{err.stderr or ''}"
+    if isinstance(log, str):  # the whole log beside the result file (the JSON keeps its tail)
+        args.out.with_name(f"{args.out.stem}-{engine}.log").write_text(log)
     steps = []
     for metrics in out_dir.glob("*/metrics.jsonl"):
         steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
