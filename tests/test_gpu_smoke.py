@@ -112,3 +112,47 @@ def test_each_run_trains_and_serves_on_the_gpu_and_keeps_its_whole_log(
     embedded, vllm = seen
     assert "trainer.device=cuda" in embedded and "engine.device=cuda" in embedded
     assert "engine.kind=vllm" in vllm and not any(arg.startswith("engine.device") for arg in vllm)
+
+
+def test_carried_parts_fill_calls_under_the_limit_and_device_sh_waits_then_runs(tmp_path: Path) -> None:
+    """carry.py's calls: each at most the limit, every part in exactly one; device.sh, run call by
+    call, waits until the manifest is whole, then unpacks the site and the model and runs run.py
+    (which refuses here: no CUDA, exit 2) from the checkout."""
+    import io
+    import lzma
+    import tarfile
+
+    import carry
+
+    stage, out = tmp_path / "stage", tmp_path / "out"
+    stage.mkdir()
+    site = io.BytesIO()
+    with tarfile.open(fileobj=site, mode="w:xz") as tar:
+        data = os.urandom(300_000)  # incompressible: the archive needs several parts
+        info = tarfile.TarInfo("marker.bin")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    (stage / carry.SITE).write_bytes(site.getvalue())
+    (stage / carry.MODEL).write_bytes(lzma.compress(b"GGUF" + os.urandom(200_000)))
+    limit = 200_000 + 24_000  # parts of 100 kB: two fit a call beside the manifest and scripts
+    manifest = bundle.split_folder(stage, limit=100_000)
+    calls = carry.spread(stage, out, limit)
+    names = [name for call in calls for name in call]
+    parts = [part["name"] for entry in manifest["files"] for part in entry["parts"]]
+    assert sorted(names) == sorted(parts) and len(parts) >= 6 and len(calls) >= 3
+    for index in range(1, len(calls) + 1):
+        folder = out / f"call{index}"
+        assert sum(p.stat().st_size for p in folder.iterdir()) <= limit
+        assert {"manifest.json", "device.sh", "bundle.py", "run.py"} <= {p.name for p in folder.iterdir()}
+
+    env = {**os.environ, "ALIGHT_STAGE": str(tmp_path / "device"), "OUT": str(tmp_path / "results")}
+    for index in range(1, len(calls) + 1):
+        done = subprocess.run(
+            ["bash", str(out / f"call{index}" / "device.sh")], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        if index < len(calls):
+            assert done.returncode == 0 and "waiting for more" in done.stdout
+            assert not (tmp_path / "device" / "site" / "marker.bin").exists()
+    assert done.returncode == 2 and "no CUDA GPU" in done.stderr  # run.py ran, and refused
+    assert (tmp_path / "device" / "site" / "marker.bin").read_bytes() == data
+    assert (tmp_path / "device" / "SmolLM2-135M-Instruct.Q4_1.gguf").read_bytes().startswith(b"GGUF")
