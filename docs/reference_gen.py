@@ -209,28 +209,49 @@ API_SECTIONS = {
     "alight.errors": "Errors",
 }
 
+#: Sections whose classes show every public member, documented or not (pydantic models, enums).
+SHOW_FIELDS = {"alight.types"}
+
 
 def api_names() -> dict[str, list[str]]:
-    """Each name of `alight.__all__` (but `__version__`) under the module it is defined in."""
+    """Each name of `alight.__all__` (but `__version__`) under the module it is exported from; the errors
+    section also takes every error class of `alight.errors`, as a user catches them."""
+    import inspect
+
     import alight
+    from alight import errors
 
     sections: dict[str, list[str]] = {module: [] for module in API_SECTIONS}
     for name in alight.__all__:
         if name != "__version__":
             sections.setdefault(alight._EXPORTS[name], []).append(name)
+    sections["alight.errors"] += [
+        name
+        for name, obj in vars(errors).items()
+        if inspect.isclass(obj)
+        and issubclass(obj, errors.AlightError)
+        and obj.__module__ == errors.__name__
+        and name not in sections["alight.errors"]
+    ]
     return sections
 
 
 def api_markdown() -> str:
-    """The API reference: mkdocstrings directives, one per exported name (where it is defined), by module."""
+    """The API reference: a mkdocstrings directive per name (where it is defined: what griffe reads), each
+    under an anchor `alight.NAME` (`alight.errors.NAME` for the errors `alight` does not export)."""
     import alight
+    from alight import errors
 
     out: list[str] = []
     for module, names in api_names().items():
         out += [f"## {API_SECTIONS.get(module, module)}", ""]
         for name in names:
-            obj = getattr(alight, name)
-            out.append(f"::: {obj.__module__}.{obj.__qualname__}\n")
+            obj = getattr(alight, name) if name in alight.__all__ else getattr(errors, name)
+            short = f"alight.{name}" if name in alight.__all__ else f"alight.errors.{name}"
+            out += [f'<a id="{short}"></a>', "", f"::: {obj.__module__}.{obj.__qualname__}"]
+            # the data model's fields carry no docstrings; their names and types are what a user reads
+            out += ["    options:", "      show_if_no_docstring: true"] if module in SHOW_FIELDS else []
+            out.append("")
     return "\n".join(out)
 
 

@@ -15,6 +15,8 @@ from typing import Annotated, Any
 import pytest
 import typer
 
+import alight.errors
+
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 sys.path.insert(0, str(DOCS))
 
@@ -137,9 +139,16 @@ def test_the_cli_page_shows_every_command_option_and_argument() -> None:
             assert param.help.split()[0] in row
 
 
-def test_the_api_page_documents_every_name_alight_exports() -> None:
-    directives = re.findall(r"^::: (\S+)$", gen.api_markdown(), flags=re.M)
-    assert sorted(d.rsplit(".", 1)[1] for d in directives) == sorted(n for n in exported if n != "__version__")
+def test_the_api_page_documents_every_name_alight_exports_and_every_error() -> None:
+    page = gen.api_markdown()
+    directives = re.findall(r"^::: (\S+)$", page, flags=re.M)
+    anchors = re.findall(r'^<a id="([\w.]+)"></a>$', page, flags=re.M)
+    errors = [name for name, obj in vars(alight.errors).items() if isinstance(obj, type) and name.endswith("Error")]
+    assert "ConfigError" in errors and "AlightError" in errors
+    documented = {n for n in exported if n != "__version__"} | set(errors)
+    assert sorted(d.rsplit(".", 1)[1] for d in directives) == sorted(documented)
+    assert {f"alight.{n}" for n in exported if n != "__version__"} <= set(anchors)
+    assert "alight.errors.ConfigError" in anchors
     assert "alight.trainer.trainer.Trainer" in directives  # where it is defined: what griffe reads
 
 
