@@ -153,8 +153,8 @@ def _param(param: Any, ctx: Any) -> CliParam:
     bounds += [f"x <= {param.max}"] if param.max is not None else []
     if bounds:
         type_ = f"{type_.replace(' range', '')} ({', '.join(bounds)})"
-    if param.multiple or param.nargs == -1:
-        type_ += ", repeatable"
+    if param.multiple or param.nargs == -1:  # `list[str]` in Typer's words: one value per use, or many
+        type_ = re.sub(r"^list\[(.*)\]$", r"\1", type_) + ", repeatable"
     shown = param.show_default is not False and param.default is not None and not param.required
     default = json.dumps(param.default) if shown else ""
     return CliParam(names, kind, type_, default, bool(param.required), " ".join((param.help or "").split()))

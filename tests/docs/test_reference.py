@@ -88,7 +88,8 @@ def test_the_checks_name_what_has_no_documentation() -> None:
 
 def _config_leaves(cls: type, prefix: str = "") -> tuple[list[str], dict[str, Any]]:
     """Independently of the generator: each group's path and each plain field's default."""
-    groups, leaves = [prefix], {}
+    groups: list[str] = [prefix]
+    leaves: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         value = getattr(cls(), f.name)
         path = f"{prefix}.{f.name}" if prefix else f.name
@@ -121,7 +122,7 @@ def test_the_config_page_shows_every_group_and_field_with_its_default() -> None:
 
 
 def test_the_cli_page_shows_every_command_option_and_argument() -> None:
-    root = typer.main.get_command(app)
+    root: Any = typer.main.get_command(app)
     ctx = typer.Context(root, info_name="alight")
     sections = _sections(gen.cli_markdown())
     commands = {"alight": root} | {f"alight {name}": root.get_command(ctx, name) for name in root.list_commands(ctx)}
