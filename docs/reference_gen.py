@@ -67,7 +67,7 @@ def _annotations(source: str, class_name: str) -> dict[str, str]:
 
 
 def _yaml_value(value: Any) -> str:
-    return json.dumps(value) if value is not None else "null"
+    return json.dumps(value, default=str) if value is not None else "null"
 
 
 def config_groups(root: type | None = None, path: str = "") -> list[ConfigGroup]:
@@ -119,8 +119,8 @@ def config_markdown() -> str:
         for f in group.fields:
             # a group's own heading is its anchor; a plain field gets one on its row
             key = f"`{f.path}`" if f.group else f'<a id="{anchor(f.path)}"></a>`{f.path}`'
-            default = f"[{f.group}](#{anchor(f.group)})" if f.group else _code(f.default)
-            out.append(f"| {key} | {_code(f.type)} | {default} | {escape(f.doc)} |")
+            type_ = f"[`{f.type}`](#{anchor(f.group)})" if f.group else _code(f.type)  # a group: its table below
+            out.append(f"| {key} | {type_} | {_code(f.default)} | {escape(f.doc)} |")
         out.append("")
     return "\n".join(out)
 
@@ -156,7 +156,7 @@ def _param(param: Any, ctx: Any) -> CliParam:
     if param.multiple or param.nargs == -1:  # `list[str]` in Typer's words: one value per use, or many
         type_ = re.sub(r"^list\[(.*)\]$", r"\1", type_) + ", repeatable"
     shown = param.show_default is not False and param.default is not None and not param.required
-    default = json.dumps(param.default) if shown else ""
+    default = json.dumps(param.default, default=str) if shown else ""
     return CliParam(names, kind, type_, default, bool(param.required), " ".join((param.help or "").split()))
 
 
