@@ -143,6 +143,7 @@ class CliCommand:
     path: str  # "alight", "alight train"
     help: str
     params: list[CliParam]
+    usage: str  # alight train [OPTIONS] CONFIG [OVERRIDES]...
 
 
 def _param(param: Any, ctx: Any) -> CliParam:
@@ -171,8 +172,15 @@ def cli_commands(app: Any = None) -> list[CliCommand]:
 
     def visit(command: Any, ctx: Any) -> None:
         params = [_param(p, ctx) for p in command.get_params(ctx) if p.name != "help"]
-        found.append(CliCommand(ctx.command_path, (command.help or "").strip(), params))
-        for name in getattr(command, "list_commands", lambda _ctx: [])(ctx):
+        subcommands: list[str] = getattr(command, "list_commands", lambda _ctx: [])(ctx)
+        usage = [ctx.command_path, "[OPTIONS]" if any(p.kind == "option" for p in params) else ""]
+        for p in params:
+            if p.kind == "argument":
+                many = "..." if "repeatable" in p.type else ""
+                usage.append(f"{p.names}{many}" if p.required else f"[{p.names}]{many}")
+        usage.append("COMMAND" if subcommands else "")
+        found.append(CliCommand(ctx.command_path, (command.help or "").strip(), params, " ".join(filter(None, usage))))
+        for name in subcommands:
             sub = command.get_command(ctx, name)
             if sub is not None and not sub.hidden:
                 visit(sub, typer.Context(sub, info_name=name, parent=ctx))
@@ -185,7 +193,7 @@ def cli_markdown(app: Any = None) -> str:
     """The CLI reference: a section per command, its help, then its arguments and options."""
     out: list[str] = []
     for command in cli_commands(app):
-        out += [f"## {command.path} {{#{anchor(command.path)}}}", ""]
+        out += [f"## {command.path} {{#{anchor(command.path)}}}", "", "```text", command.usage, "```", ""]
         out += [escape(paragraph) + "\n" for paragraph in re.split(r"\n\s*\n", command.help) if paragraph]
         if command.params:
             out += ["| argument / option | type | default | meaning |", "| --- | --- | --- | --- |"]

@@ -125,6 +125,9 @@ def test_the_cli_page_shows_every_command_option_and_argument() -> None:
     root: Any = typer.main.get_command(app)
     ctx = typer.Context(root, info_name="alight")
     sections = _sections(gen.cli_markdown())
+    assert "\nalight train [OPTIONS] CONFIG [OVERRIDES]...\n" in sections["alight-train"]
+    assert "\nalight [OPTIONS] COMMAND\n" in sections["alight"]
+    assert "\nalight runner [OPTIONS]\n" in sections["alight-runner"]
     commands = {"alight": root} | {f"alight {name}": root.get_command(ctx, name) for name in root.list_commands(ctx)}
     assert set(sections) == {path.replace(" ", "-") for path in commands}
     for path, command in commands.items():
