@@ -39,9 +39,9 @@ class DataConfig:
     # Each of train/val: a .jsonl/.json/.parquet/.csv file, a saved Hugging Face dataset
     # directory, or a generator "module:function" / "file.py:function" returning rows.
     train: str | None = None
-    val: str | None = None
+    val: str | None = None  # validation rows (as train); None: no validation
     train_size: int | None = None  # rows to ask a generator for (and an upper bound on file rows)
-    val_size: int | None = None
+    val_size: int | None = None  # as train_size, for val
     generator_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments of generators
     input_field: str | None = None  # column handed to the agent as `task`; None: the whole row
     seed: int = 0  # seed handed to generators and used to shuffle
@@ -53,7 +53,7 @@ class DataConfig:
 @dataclass
 class SamplingConfig:
     temperature: float = 1.0  # 0 means greedy
-    top_p: float = 1.0
+    top_p: float = 1.0  # nucleus sampling: keep the likeliest tokens holding this much probability; 1: all
     max_tokens: int = 256  # default limit on one response
 
 
@@ -74,7 +74,7 @@ class EngineConfig:
     api_key_env: str | None = None  # litellm: environment variable holding the API key
     tokenizer: str | None = None  # litellm: tokenizer directory for token ids the endpoint does not return
     options: dict[str, Any] = field(default_factory=dict)  # further engine-specific keyword arguments
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # how responses are sampled
 
 
 @dataclass
@@ -145,7 +145,8 @@ class LoraConfig:
     enabled: bool = False  # train LoRA adapters (peft) instead of every weight; for larger models
     r: int = 8  # adapter rank
     alpha: int = 16  # scaling numerator (scale = alpha / r)
-    dropout: float = 0.0
+    dropout: float = 0.0  # dropout on the adapters' input
+    # the layers (module names) that get an adapter
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     # One adapter per agent on the shared base (implies LoRA; embedded backend and engine only): each
     # agent's calls are answered by its adapter and its transitions update only it.
@@ -220,7 +221,7 @@ class AlgorithmConfig:
     ppo_epochs: int = 4  # ppo: passes over each batch
     temperature: float | None = None  # log-prob temperature; None: the engine's sampling temperature
     sft_min_reward: float = 1.0  # sft: train on transitions whose reward is at least this (also data.from_store's bar)
-    lora: LoraConfig = field(default_factory=LoraConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters instead of every weight
     apo: ApoConfig = field(default_factory=ApoConfig)  # algorithm.name=apo: prompt optimisation
     sft: SftConfig = field(default_factory=SftConfig)  # sft with data.from_store: what to select, how to batch
 
@@ -231,11 +232,11 @@ class WarmStartConfig:
     # generator, as data.train), each assistant message a training target. None: no warm start.
     data: str | None = None
     size: int | None = None  # rows to ask a generator for
-    generator_kwargs: dict[str, Any] = field(default_factory=dict)
+    generator_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments of the generator
     steps: int = 0  # optimizer steps (0: no warm start)
     batch_size: int = 32  # sequences per step
-    lr: float = 1e-3
-    warmup_steps: int = 50
+    lr: float = 1e-3  # AdamW learning rate of the warm start
+    warmup_steps: int = 50  # linear learning-rate warm-up over this many steps
     max_length: int | None = None  # longer demonstrations are dropped; None: the model's context
     mode: str = "trajectory"  # trajectory: a conversation is one masked sequence | transition: one per assistant turn
 
@@ -289,8 +290,8 @@ class JudgeConfig:
     api_key_env: str | None = None  # environment variable holding the judge's API key
     rubric: str = ""  # the judge's instructions: a template with {task} and {answer}
     max_score: float = 10.0  # the judge answers a score in [0, max_score]; the reward is score / max_score
-    temperature: float = 0.0
-    max_tokens: int = 256
+    temperature: float = 0.0  # the judge's sampling temperature (0: greedy)
+    max_tokens: int = 256  # longest judge answer, in tokens
     cache: bool = True  # identical judge inputs are scored once
     task_field: str | None = None  # task field shown to the judge as {task}; None: the task (JSON unless a string)
 
@@ -298,8 +299,8 @@ class JudgeConfig:
 @dataclass
 class RewardConfig:
     kind: str = "agent"  # agent (what the agent returns or emits) | tests (alight.rewards.tests) | judge (an LLM judge)
-    tests: TestsRewardConfig = field(default_factory=TestsRewardConfig)
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    tests: TestsRewardConfig = field(default_factory=TestsRewardConfig)  # kind tests: the test command, hidden tests
+    judge: JudgeConfig = field(default_factory=JudgeConfig)  # kind judge: the judge model and its rubric
 
 
 @dataclass
@@ -309,25 +310,25 @@ class LoggingConfig:
     plot: bool = True  # write reward_curve.png in the run directory at the end
     tensorboard: bool = False  # also log to TensorBoard (needs `tensorboard`)
     wandb: bool = False  # also log to Weights & Biases (needs `wandb`)
-    wandb_project: str = "alight"
+    wandb_project: str = "alight"  # the Weights & Biases project runs log to
 
 
 @dataclass
 class ExperimentConfig:
     name: str = "experiment"  # names the run directory
-    agent: AgentConfig = field(default_factory=AgentConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)  # the agent to train: its entrypoint or command
     reward: RewardConfig = field(default_factory=RewardConfig)  # where the reward comes from (default: the agent)
-    data: DataConfig = field(default_factory=DataConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    proxy: ProxyConfig = field(default_factory=ProxyConfig)
-    store: StoreConfig = field(default_factory=StoreConfig)
-    runner: RunnerConfig = field(default_factory=RunnerConfig)
-    dev: DevConfig = field(default_factory=DevConfig)
-    adapter: AdapterConfig = field(default_factory=AdapterConfig)
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    data: DataConfig = field(default_factory=DataConfig)  # the train and validation tasks
+    engine: EngineConfig = field(default_factory=EngineConfig)  # the inference engine serving the policy
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)  # the OpenAI-compatible endpoint agents call
+    store: StoreConfig = field(default_factory=StoreConfig)  # where rollouts, spans and rewards are kept
+    runner: RunnerConfig = field(default_factory=RunnerConfig)  # the processes or Ray actors that run the agent
+    dev: DevConfig = field(default_factory=DevConfig)  # `alight dev`, the dry run
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)  # spans to transitions: agents trained, credit
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)  # the update: algorithm, loss, optimizer
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)  # supervised fine-tuning before RL
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # the loop: steps, batches, validation, devices
+    logging: LoggingConfig = field(default_factory=LoggingConfig)  # the dashboard, metrics and plots
     # trainer.backend=verl: keys of verl's own trainer config (ppo_trainer.yaml) set on top of what
     # alight derives from the sections above, e.g. {actor_rollout_ref: {actor: {fsdp_config: ...}}}
     verl: dict[str, Any] = field(default_factory=dict)
