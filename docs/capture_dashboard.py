@@ -4,7 +4,7 @@
     python docs/capture_dashboard.py --out /tmp/d.svg trainer.steps=2 warm_start.steps=4
 
 The run is `alight train configs/calc.yaml OVERRIDES...` (the same `Trainer`, config and watcher
-events), in a temporary run directory. The dashboard is fed the run's events without a live
+events), in runs/NAME-docs-capture, removed afterwards. The dashboard is fed the run's events without a live
 terminal; its final frame is rendered once into Rich's recording console and exported as SVG.
 """
 
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import argparse
 import io
-import tempfile
+import os
+import shutil
 from pathlib import Path
 
 from rich.console import Console
@@ -28,9 +29,14 @@ DEFAULT_OVERRIDES = ("trainer.steps=6", "trainer.val_every=2", "warm_start.steps
 def capture(config: Path, overrides: list[str], out: Path, width: int = 110, height: int = 34) -> Path:
     """Run `config` with `overrides` and write the dashboard's last frame to `out` as SVG."""
     view = TrainDashboard(console=Console(file=io.StringIO()))  # never started: no live refresh
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = to_object(load_config(config, overrides))
-        Trainer(cfg, run_dir=Path(tmp) / f"{cfg.name}-docs", watchers=[view]).fit()
+    cfg = to_object(load_config(config, overrides))
+    run_dir = Path("runs") / f"{cfg.name}-docs-capture"  # relative, as a user's run shows; removed afterwards
+    if run_dir.exists():
+        raise SystemExit(f"{run_dir} exists: remove it first")
+    try:
+        Trainer(cfg, run_dir=run_dir, watchers=[view]).fit()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
     frame = Console(record=True, file=io.StringIO(), width=width, height=height, force_terminal=True)
     frame.print(view)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -44,6 +50,7 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "calc.yaml")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "images" / "dashboard.svg")
     args = parser.parse_args()
+    os.chdir(ROOT)  # the config's paths (recipes/...) and the run directory are relative to the repository
     print(capture(args.config, args.overrides or list(DEFAULT_OVERRIDES), args.out))
 
 

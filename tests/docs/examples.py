@@ -74,7 +74,9 @@ def parse_page(text: str, page: str) -> list[Example]:
             end += 1
         language = opening["info"].strip().split()[0].strip("{}.").lower()
         if language in LANGUAGES:
-            code = "\n".join(line[indent:] if line[:indent].isspace() else line.lstrip() for line in lines[i + 1 : end])
+            code = "\n".join(
+                line[indent:] if not line[:indent].strip() else line.lstrip() for line in lines[i + 1 : end]
+            )
             marker = MARKER.match(lines[i - 1]) if i > 0 else None
             start = i - 1 if marker else i
             found.append(
@@ -177,7 +179,8 @@ def source_of_test(module: str, name: str) -> str | None:
         )
     if not isinstance(test, ast.FunctionDef | ast.AsyncFunctionDef):
         return None
-    seen, todo, sources = {id(test)}, [test], []
+    seen, sources = {id(test)}, []
+    todo: list[ast.stmt] = [test]
     while todo:
         node = todo.pop()
         sources.append(ast.get_source_segment(module, node) or "")

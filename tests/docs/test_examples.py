@@ -45,6 +45,7 @@ Runs here:
 ```bash
 echo hello > out.txt
 test "$(cat out.txt)" = hello
+touch ~/.written
 ```
 
 ```text
@@ -65,8 +66,9 @@ $ alight train configs/calc_gpu.yaml
 ```
 
     ```python
-    import sys
-    assert sys.argv
+    def main():
+        return 1
+    assert main() == 1
     ```
 """
 
@@ -95,24 +97,30 @@ def test_the_parser_finds_each_example_with_its_marker_and_paragraph() -> None:
     examples = parse_page(PAGE, "page.md")
     assert [(e.id, e.language, e.kind) for e in examples] == [
         ("page.md:5", "bash", "runnable"),
-        ("page.md:15", "bash", "covered"),
-        ("page.md:23", "console", "gpu"),
-        ("page.md:27", "python", "runnable"),
+        ("page.md:16", "bash", "covered"),
+        ("page.md:24", "console", "gpu"),
+        ("page.md:28", "python", "runnable"),
     ]
-    assert examples[0].code == 'echo hello > out.txt\ntest "$(cat out.txt)" = hello\n'
+    assert examples[0].code == 'echo hello > out.txt\ntest "$(cat out.txt)" = hello\ntouch ~/.written\n'
     assert examples[2].paragraph == "This one needs a GPU and the `gpu` extra."
-    assert examples[3].code == "import sys\nassert sys.argv\n"  # the indented block, dedented
+    assert examples[3].code == "def main():\n    return 1\nassert main() == 1\n"  # dedented by the fence's indent
 
 
 def test_a_good_page_passes(tmp_path: Path) -> None:
-    assert _check(tmp_path, PAGE) == {5: None, 15: None, 23: None, 27: None}
+    assert _check(tmp_path, PAGE) == {5: None, 16: None, 24: None, 28: None}
     assert not (tmp_path / "repo" / "out.txt").exists()  # written in the scratch root, not the repository
+    assert (tmp_path / "scratch" / "home" / ".written").exists()  # and HOME is a scratch folder
 
 
 def test_a_failing_command_fails_and_bash_stops_at_the_first_error(tmp_path: Path) -> None:
     found = _check(tmp_path, "```bash\nfalse\necho after\n```\n\n```sh\nfalse | true\n```\n")
     assert found[1] is not None and found[1].startswith("exited 1") and "after" not in found[1]
     assert found[6] is not None and found[6].startswith("exited 1")  # pipefail
+
+
+def test_a_python_example_keeps_its_indentation(tmp_path: Path) -> None:
+    found = _check(tmp_path, "```python\nimport sys\n\n\ndef main() -> int:\n    return 0\n\n\nsys.exit(main())\n```\n")
+    assert found == {1: None}
 
 
 def test_a_failing_python_script_fails(tmp_path: Path) -> None:
@@ -137,7 +145,8 @@ def test_an_example_that_never_ends_is_stopped(tmp_path: Path, monkeypatch: pyte
 
 @pytest.mark.parametrize(
     "command",
-    ["pip install alight", "python3.11 -m venv .venv && . .venv/bin/activate", "x=1; curl -s http://a", "pytest -q"],
+    # harmless if a wrong checker ran them
+    ["pip install --help", "python3.11 -m venv --help && true", "x=1; curl --version", "pytest --version"],
 )
 def test_a_command_that_needs_the_network_or_runs_the_suite_is_never_run(tmp_path: Path, command: str) -> None:
     found = _check(tmp_path, f"```bash\ntouch ran\n{command}\n```\n")
