@@ -6,7 +6,8 @@ An example is one of (an HTML comment on the line right before its opening fence
   python as a complete script with the repository's `src` on PYTHONPATH;
 - `<!-- example: covered tests/path/test_x.py::test_name -->`: that test exists, and its source (or that of the
   helpers, fixtures and constants it names in the same file) contains every argument after the program name;
-- `<!-- example: gpu -->` / `<!-- example: network -->`: the paragraph right before says "GPU" / "network".
+- `<!-- example: gpu -->` / `<!-- example: network -->`: the paragraph right before says "GPU" / "network";
+- README's `<!-- test-command -->` block: CI's command, which .ci/run runs; never run here.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 LANGUAGES = frozenset({"bash", "sh", "console", "python"})
 KINDS = ("runnable", "covered", "gpu", "network")
+#: README's `<!-- test-command -->` block is CI's own command (.ci/run runs it), so it is never run here.
+TEST_COMMAND = "test-command"
 TIMEOUT_S = 60
 #: Commands a runnable example may not run here: they reach the network, change the machine's packages, or run
 #: the test suite inside itself. Such an example is marked `network` (or `covered`) instead, and never run.
@@ -77,11 +80,11 @@ def parse_page(text: str, page: str) -> list[Example]:
             code = "\n".join(
                 line[indent:] if not line[:indent].strip() else line.lstrip() for line in lines[i + 1 : end]
             )
-            marker = MARKER.match(lines[i - 1]) if i > 0 else None
-            start = i - 1 if marker else i
-            found.append(
-                Example(page, i + 1, language, code + "\n", marker and marker["body"], _paragraph(lines, start))
-            )
+            above = lines[i - 1].strip() if i > 0 else ""
+            marker = MARKER.match(above)
+            body = marker["body"] if marker else (TEST_COMMAND if above == f"<!-- {TEST_COMMAND} -->" else None)
+            start = i - 1 if body else i
+            found.append(Example(page, i + 1, language, code + "\n", body, _paragraph(lines, start)))
         i = end + 1
     return found
 
@@ -109,7 +112,7 @@ def collect(docs: Path, readme: Path | None) -> list[Example]:
 def problem(example: Example, root: Path, workdir: Path) -> str | None:
     """What is wrong with `example` (None when nothing): it fails, its test is missing, or its marker is wrong.
     `root` is the repository the markers' test paths are relative to; runnable examples run in `workdir`."""
-    if example.kind not in KINDS:
+    if example.kind not in (*KINDS, TEST_COMMAND):
         return f"unknown example marker <!-- example: {example.marker} -->; one of: covered PATH::TEST, gpu, network"
     if example.kind == "runnable":
         if example.marker is not None:
@@ -117,6 +120,8 @@ def problem(example: Example, root: Path, workdir: Path) -> str | None:
         return run(example, root, workdir)
     if example.kind == "covered":
         return check_covered(example, root)
+    if example.kind == TEST_COMMAND:
+        return None if example.page == "README.md" else "only README.md has the test command (.ci/run reads it)"
     word_pattern, word = NEEDS[example.kind]
     if example.marker != example.kind:
         return f"the {example.kind} marker takes no argument: <!-- example: {example.kind} -->"

@@ -178,6 +178,14 @@ def test_a_covered_command_needs_every_argument_in_the_test(tmp_path: Path) -> N
     assert found is not None and "'trainer.steps=3', '--resume'" in found
 
 
+def test_readmes_test_command_is_left_to_ci(tmp_path: Path) -> None:
+    block = "<!-- test-command -->\n```bash\npython -m pytest\n```\n"
+    (readme,) = parse_page(block, "README.md")
+    assert readme.kind == "test-command"
+    assert problem(readme, ROOT, tmp_path) is None
+    assert "only README.md" in (problem(parse_page(block, "page.md")[0], ROOT, tmp_path) or "")
+
+
 def test_gpu_and_network_examples_must_say_so(tmp_path: Path) -> None:
     page = "Runs on a gpu box.\n\n<!-- example: gpu -->\n```bash\nnvidia-smi\n```\n\n"
     page += "Downloads the model.\n\n<!-- example: network -->\n```bash\npip download x\n```\n\n"
