@@ -11,6 +11,7 @@ import pytest
 from tests.docs.examples import ROOT, Example, collect, parse_page, problem, scratch_root
 
 EXAMPLES = collect(ROOT / "docs", ROOT / "README.md")
+SLOW = [pytest.mark.slow]  # a runnable example starts real processes (a store, an engine, runners)
 _roots: dict[str, Path] = {}
 
 
@@ -25,7 +26,10 @@ def page_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
 @pytest.mark.parametrize(
     "example",
-    [pytest.param(e, id=e.id, marks=pytest.mark.xdist_group(f"docs:{e.page}")) for e in EXAMPLES],
+    [
+        pytest.param(e, id=e.id, marks=[pytest.mark.xdist_group(f"docs:{e.page}")] + SLOW * (e.kind == "runnable"))
+        for e in EXAMPLES
+    ],
 )
 def test_example(example: Example, page_root: Path) -> None:
     found = problem(example, ROOT, page_root)
