@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -40,8 +41,14 @@ def capture(config: Path, overrides: list[str], out: Path, width: int = 110, hei
     frame = Console(record=True, file=io.StringIO(), width=width, height=height, force_terminal=True)
     frame.print(view)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(frame.export_svg(title=f"alight train {config.name}"), encoding="utf-8")
+    out.write_text(offline(frame.export_svg(title=f"alight train {config.name}")), encoding="utf-8")
     return out
+
+
+def offline(svg: str) -> str:
+    """Rich's SVG without its web fonts (a CDN): the docs load nothing from the network; a local Fira Code or
+    the browser's monospace font draws it."""
+    return re.sub(r',\s*url\("https?://[^"]*"\) format\("\w+"\)', "", svg)
 
 
 def main() -> None:
