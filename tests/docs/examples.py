@@ -28,11 +28,12 @@ KINDS = ("runnable", "covered", "gpu", "network")
 #: README's `<!-- test-command -->` block is CI's own command (.ci/run runs it), so it is never run here.
 TEST_COMMAND = "test-command"
 TIMEOUT_S = 60
-#: Commands a runnable example may not run here: they reach the network, change the machine's packages, or run
-#: the test suite inside itself. Such an example is marked `network` (or `covered`) instead, and never run.
+#: Commands a runnable example may not run here: they reach the network, change the machine's packages, start a
+#: daemon that outlives the example (`ray start`), or run the test suite inside itself. Such an example is
+#: marked `network` (or `covered`) instead, and never run.
 REFUSED = re.compile(
     r"(?:^|[\s;&|({])(?:pip3? (?:install|download)|python[\d.]* -m (?:pip|venv|pytest)\b|uv (?:pip|sync)|apt(?:-get)? "
-    r"|npm |\S*install\.sh|curl |wget |git clone|huggingface-cli |hf download|pytest\b|\.ci/)",
+    r"|npm |ray start|\S*install\.sh|curl |wget |git clone|huggingface-cli |hf download|pytest\b|\.ci/)",
     re.MULTILINE,
 )
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")

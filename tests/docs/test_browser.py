@@ -23,7 +23,8 @@ IMAGES = ROOT / "docs" / "images"
 SCREENSHOT = os.environ.get("ALIGHT_DOCS_SCREENSHOT") == "1"
 VIEWPORT = {"width": 1280, "height": 800}
 
-pytestmark = pytest.mark.xdist_group("docs:browser")  # one site build and one browser for the file
+# One site build and one browser for the file; ~10 s in all on 2 cores.
+pytestmark = [pytest.mark.xdist_group("docs:browser"), pytest.mark.slow]
 
 
 def _chromium() -> str:
