@@ -32,6 +32,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 from bundle import MANIFEST, split_folder  # noqa: E402
+from packaging.utils import canonicalize_name  # noqa: E402
 from prepare import SDIST_ONLY, pip, target_args  # noqa: E402
 
 #: Left out of the site: Ray's Java jars and RLlib (33 and 8 MB; never imported by verl or alight).
@@ -54,7 +55,7 @@ def stack() -> list[str]:
 
 
 def normalise(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
+    return str(canonicalize_name(name))  # PEP 503, as pip compares names
 
 
 def build_site(work: Path) -> Path:
