@@ -275,3 +275,24 @@ def test_solve_scores_wrong_or_missing_answers_zero(
     tool_messages = [m for m in server.requests[-1].body["messages"] if m["role"] == "tool"]
     if tool_result is not None:
         assert tool_messages and tool_messages[0]["content"].startswith(tool_result)
+
+
+def test_rollouts_of_one_process_share_one_http_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OpenAI client that builds its own HTTP client loads the CA certificates (30-50 ms of CPU
+    a rollout): the agent's rollouts share one connection pool instead."""
+    import httpx
+
+    built: list[object] = []
+    init = httpx.Client.__init__
+
+    def counted(self: httpx.Client, *args: Any, **kwargs: Any) -> None:
+        built.append(self)
+        init(self, *args, **kwargs)
+
+    agent_attr("http_client").cache_clear()  # the module alight loads
+    task = {"question": "What is 3+4?", "result": "7"}
+    with ScriptedOpenAIServer([answer("7")] * 3) as server:
+        monkeypatch.setattr(httpx.Client, "__init__", counted)
+        rewards = [solve(task, LLM(model="scripted", base_url=server.url)) for _ in range(3)]
+    assert rewards == [1.0, 1.0, 1.0]
+    assert len(built) == 1

@@ -201,3 +201,35 @@ def test_runner_utilisation_clips_to_the_window() -> None:
     assert runner_utilisation([(0, 100)], 1, 10, 20) == 1.0
     assert runner_utilisation([], 4, 10, 20) == 0.0
     assert runner_utilisation([(10, 20)], 2, 20, 20) == 0.0
+
+
+def test_the_feeder_never_asks_the_store_again_about_a_rollout_seen_ended() -> None:
+    """Each look for complete groups (every 0.1 s) asks only about rollouts not yet seen ended: a
+    complete group left outstanding (the batch was full) costs the store nothing more."""
+
+    class CountingStore(MemoryStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen_ended: set[str] = set()
+            self.asked_again: list[str] = []
+
+        async def wait_for_rollouts(self, rollout_ids: Any, timeout: float) -> Any:
+            self.asked_again += [i for i in rollout_ids if i in self.seen_ended]
+            ended = await super().wait_for_rollouts(rollout_ids, timeout)
+            self.seen_ended.update(r.rollout_id for r in ended)
+            return ended
+
+    async def main() -> tuple[CountingStore, Any]:
+        store = CountingStore()
+        clock = {"version": 0}
+        feeder = make_feeder(store, batch=2, group=3, staleness_=1)
+        runner = ScriptedRunner(store, clock)
+        worker = asyncio.create_task(runner.run())
+        try:
+            return store, await train(feeder, clock, 4, runner)
+        finally:
+            worker.cancel()
+
+    store, taken = asyncio.run(main())
+    assert len(taken) == 4 and len(store.seen_ended) >= 4 * 2 * 3
+    assert store.asked_again == []

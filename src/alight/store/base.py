@@ -161,7 +161,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout: float) -> list[Rollout]:
-        """Wait until every listed rollout has ended or `timeout` seconds pass; return the ended ones."""
+        """Wait until every listed rollout has ended or `timeout` seconds pass; return the ended
+        ones, in the order of `rollout_ids`."""
 
     # -- resources --------------------------------------------------------------------------
     @abc.abstractmethod
@@ -240,12 +241,16 @@ async def wait_until_ended(
     poll_s: float,
 ) -> list[Rollout]:
     """Shared `wait_for_rollouts`: re-check on every end signal, and every `poll_s` seconds for
-    rollouts ended by other processes."""
-    wanted = len(set(rollout_ids))
+    rollouts ended by other processes. Each check asks only for the rollouts not seen ended yet (an
+    ended rollout stays ended), so a step's wait reads each rollout once, not once per ending.
+    Returns the ended ones in the order of `rollout_ids` (duplicates once)."""
+    wanted = list(dict.fromkeys(rollout_ids))
+    found: dict[str, Rollout] = {}
     deadline = time.monotonic() + max(timeout, 0.0)
     while True:
-        ended = await fetch_ended(rollout_ids)
+        for rollout in await fetch_ended([i for i in wanted if i not in found]):
+            found[rollout.rollout_id] = rollout
         left = deadline - time.monotonic()
-        if len(ended) >= wanted or left <= 0:
-            return ended
+        if len(found) >= len(wanted) or left <= 0:
+            return [found[i] for i in wanted if i in found]
         await signal.wait(min(poll_s, left))
