@@ -226,9 +226,11 @@ def test_the_feeder_never_asks_the_store_again_about_a_rollout_seen_ended() -> N
         runner = ScriptedRunner(store, clock)
         worker = asyncio.create_task(runner.run())
         try:
-            return store, await train(feeder, clock, 4, runner)
+            taken = await train(feeder, clock, 4, runner)
         finally:
             worker.cancel()
+        await feeder.close()  # the run's end: the groups still outstanding are cancelled
+        return store, taken
 
     store, taken = asyncio.run(main())
     assert len(taken) == 4 and len(store.seen_ended) >= 4 * 2 * 3

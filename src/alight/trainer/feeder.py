@@ -89,7 +89,7 @@ class Feeder:
         self.batches = 0  # batches drawn from the sampler so far
         self.counts: Counter[str] = Counter()  # dropped, requeued, resume_*: totals
         self.reusable: dict[str, list[str]] = {}  # gid -> a killed run's rollouts for a group not yet enqueued
-        self._ended: set[str] = set()  # outstanding rollouts seen ended (an ended rollout stays ended)
+        self._seen_ended: set[str] = set()  # outstanding rollouts seen ended (an ended rollout stays ended)
         if state:
             self.batches = int(state["batches"])
             self.outstanding = {g["gid"]: Group(**g) for g in state["outstanding"]}
@@ -190,12 +190,12 @@ class Feeder:
         ids = [i for g in self.outstanding.values() for i in g.ids]
         if not ids:
             return []
-        self._ended &= set(ids)  # forget those taken, dropped or requeued since
-        waiting = [i for i in ids if i not in self._ended]  # ask the store only about these
+        self._seen_ended &= set(ids)  # forget those taken, dropped or requeued since
+        waiting = [i for i in ids if i not in self._seen_ended]  # ask the store only about these
         if waiting:
             ended = await self.rollouts.store.wait_for_rollouts(waiting, timeout=POLL_S)
-            self._ended.update(r.rollout_id for r in ended)
-        return [g for g in list(self.outstanding.values()) if all(i in self._ended for i in g.ids)]
+            self._seen_ended.update(r.rollout_id for r in ended)
+        return [g for g in list(self.outstanding.values()) if all(i in self._seen_ended for i in g.ids)]
 
     async def _oldest(self, group: Group) -> int | None:
         spans = await self.rollouts.store.span_dicts(group.ids)
