@@ -278,7 +278,7 @@ def test_solve_scores_wrong_or_missing_answers_zero(
 
 
 def test_rollouts_of_one_process_share_one_http_client(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An OpenAI client that builds its own HTTP client loads the CA certificates (30-50 ms of CPU
+    """An OpenAI client that builds its own HTTP client loads the CA certificates (~30 ms of CPU
     a rollout): the agent's rollouts share one connection pool instead."""
     import httpx
 
