@@ -75,19 +75,19 @@ async def test_a_batch_gives_what_each_request_gives_alone(engine: EmbeddedEngin
         assert torch.allclose(torch.tensor(batched.response_logprobs), torch.tensor(one.response_logprobs), atol=1e-4)
 
 
-async def test_requests_that_trickle_in_share_one_batch(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """32 concurrent requests arriving a few ms apart (as rendered prompts do) generate together: a
-    second batch would wait for the first one to end."""
-    from alight.engines import embedded
+async def test_requests_that_trickle_in_start_one_batch(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 concurrent requests arriving a few ms apart (as rendered prompts do) are prefilled
+    together: an idle engine waits for them rather than starting on the first."""
+    from alight.engines import sampling
 
     sizes: list[int] = []
-    generate = embedded.generate
+    add = sampling.Decoder.add
 
-    def counting(model: Any, batch: list[Any], **kwargs: Any) -> Any:
+    def counting(self: Any, batch: list[Any]) -> None:
         sizes.append(len(batch))
-        return generate(model, batch, **kwargs)
+        add(self, batch)
 
-    monkeypatch.setattr(embedded, "generate", counting)
+    monkeypatch.setattr(sampling.Decoder, "add", counting)
     # gaps of 3 ms against a 50 ms allowance: robust on a loaded machine; a deadline fixed at the
     # first request (50 ms) would cut the ~100 ms of arrivals in two
     eng = EmbeddedEngine("tiny", cache_dir=tiny_dir, max_new_tokens=4, batch_wait_ms=50, max_batch_wait_ms=5000)

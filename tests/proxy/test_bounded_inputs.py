@@ -64,18 +64,18 @@ def test_a_client_that_hangs_up_stops_its_generation(
 ) -> None:
     # Greedy decoding from the tiny model runs to the end of its 1024-token context (~1,000 tokens).
     # The client hangs up as soon as the call is in flight; the engine must stop that row within a
-    # few polls of the disconnect, far short of the context (the batches it ran are recorded).
-    import alight.engines.embedded as embedded
+    # few polls of the disconnect, far short of the context (the rows that end are recorded).
+    from alight.engines import sampling
 
-    generated: list[list[int]] = []
-    real_generate = embedded.generate
+    generated: list[int] = []
+    real_step = sampling.Decoder.step
 
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        outputs = real_generate(*args, **kwargs)
-        generated.append([len(output.token_ids) for output in outputs])
-        return outputs
+    def recording(self: Any) -> Any:
+        ended = real_step(self)
+        generated.extend(len(output.token_ids) for _, output in ended)
+        return ended
 
-    monkeypatch.setattr(embedded, "generate", recording)
+    monkeypatch.setattr(sampling.Decoder, "step", recording)
     body = json.dumps(
         {
             "model": served.proxy.model_names[0],
@@ -101,7 +101,7 @@ def test_a_client_that_hangs_up_stops_its_generation(
     deadline = time.monotonic() + 30
     while not generated and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert generated, "the engine never finished the hung-up call's batch"
-    assert generated[0][0] < 900, f"the hung-up call generated {generated[0][0]} tokens"
+    assert generated, "the engine never ended the hung-up call's row"
+    assert generated[0] < 900, f"the hung-up call generated {generated[0]} tokens"
     assert chat(served, max_tokens=1).status_code == 200
     assert httpx.get(f"{served.url}/health").json()["in_flight"] == 0

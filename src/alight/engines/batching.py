@@ -1,19 +1,24 @@
-"""The request batcher of the embedded engine: one worker thread gathers concurrent requests into
-batches and runs them, and each answer (or its streamed text) is handed back on the caller's loop.
+"""The request batcher of the embedded engine: one worker thread runs every request, in a batch
+that requests join and leave one token at a time, and each answer (or its streamed text) is handed
+back on the caller's loop.
 
-Concurrent requests arrive one by one (each prompt is rendered and encoded first): a batch takes
-requests while they keep coming, `batch_wait_ms` apart at most, for at most `max_batch_wait_ms`;
-a batch generates together to its end, so a request that just misses it waits for the whole batch.
+Concurrent requests arrive one by one (each prompt is rendered and encoded first): an idle worker
+starts a batch with the requests that keep coming, `batch_wait_ms` apart at most, for at most
+`max_batch_wait_ms`; while it runs, requests that arrive join it between two tokens (up to
+`max_batch_size` rows), and each row leaves as soon as it ends. One batch serves one adapter: a
+request for another waits until the batch ends. `held` stops joining (and new batches), so a
+weight update waits only for the rows already running.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from alight.engines.sampling import Sequence, SequenceOutput
@@ -31,13 +36,18 @@ class Job:
     adapter: str | None = None  # per-agent LoRA: the adapter that answers (None: the base model)
 
 
+#: What the worker hands a batch: its first jobs, and `join(room)`: up to `room` jobs that may join
+#: it now (same adapter; none while the worker is held).
+Join = Callable[[int], list[Job]]
+
+
 class BatchWorker:
-    """Runs `run(jobs)` on one daemon thread for each batch gathered from `submit`; `run` resolves
-    every job it is given (with `deliver`)."""
+    """Runs `run(jobs, join)` on one daemon thread for each batch started from `submit`; `run`
+    resolves every job it is given or takes from `join` (with `deliver`)."""
 
     def __init__(
         self,
-        run: Callable[[list[Job]], None],
+        run: Callable[[list[Job], Join], None],
         *,
         max_batch_size: int,
         batch_wait_ms: float,
@@ -54,11 +64,18 @@ class BatchWorker:
         self._lock = lock  # guards starting the thread (shared with the engine's loading)
         self._name = name
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._waiting: list[Job] = []  # taken from the queue, not yet in a batch (worker thread only)
+        self._stopping = False
+        self._open = threading.Event()  # cleared while held: no joining, no new batch
+        self._open.set()
+        self._holders = 0
+        self._holders_lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def ensure_started(self) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
+                self._stopping = False
                 self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
                 self._thread.start()
 
@@ -81,27 +98,73 @@ class BatchWorker:
         self._queue.put(job)
         return job
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """While inside: no job joins the running batch and no batch starts (any thread)."""
+        with self._holders_lock:
+            self._holders += 1
+            self._open.clear()
+        try:
+            yield
+        finally:
+            with self._holders_lock:
+                self._holders -= 1
+                if self._holders == 0:
+                    self._open.set()
+
     def _serve(self) -> None:
-        """The worker thread: gather a batch, run it, until `close`."""
+        """The worker thread: start a batch from the waiting jobs and run it, until `close`."""
         while True:
-            first = self._queue.get()
-            if first is None:
+            if not self._waiting:
+                if self._stopping:
+                    return
+                first = self._queue.get()
+                if first is None:
+                    return
+                self._waiting.append(first)
+            self._gather()
+            self._open.wait()
+            adapter = self._waiting[0].adapter
+            jobs = self._take(adapter, self.max_batch_size)
+            self._run(jobs, functools.partial(self._join, adapter))
+
+    def _gather(self) -> None:
+        """Wait for more jobs while they keep coming (`batch_wait_ms` apart, `max_batch_wait_ms` in all)."""
+        cap = time.monotonic() + self.max_batch_wait_ms / 1000
+        while not self._stopping and len(self._waiting) < self.max_batch_size:
+            wait = min(self.batch_wait_ms / 1000, cap - time.monotonic())
+            try:
+                job = self._queue.get(timeout=max(wait, 0.0))
+            except queue.Empty:
                 return
-            jobs, stop = [first], False
-            cap = time.monotonic() + self.max_batch_wait_ms / 1000
-            while len(jobs) < self.max_batch_size:
-                wait = min(self.batch_wait_ms / 1000, cap - time.monotonic())
-                try:
-                    job = self._queue.get(timeout=max(wait, 0.0))
-                except queue.Empty:
-                    break
-                if job is None:
-                    stop = True
-                    break
-                jobs.append(job)
-            self._run(jobs)
-            if stop:
-                return
+            if job is None:
+                self._stopping = True
+            else:
+                self._waiting.append(job)
+
+    def _join(self, adapter: str | None, room: int) -> list[Job]:
+        """Jobs of `adapter` that may join the running batch now: up to `room`, none while held."""
+        if room <= 0 or not self._open.is_set():
+            return []
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                self._stopping = True
+            else:
+                self._waiting.append(job)
+        return self._take(adapter, room)
+
+    def _take(self, adapter: str | None, room: int) -> list[Job]:
+        """Remove and return the first `room` waiting jobs of `adapter`, in arrival order."""
+        taken: list[Job] = []
+        left: list[Job] = []
+        for job in self._waiting:
+            (taken if job.adapter == adapter and len(taken) < room else left).append(job)
+        self._waiting = left
+        return taken
 
 
 def _threadsafe_put(loop: asyncio.AbstractEventLoop, texts: asyncio.Queue[str | None]) -> Callable[[str], None]:

@@ -1,10 +1,10 @@
 """The embedded engine: a `transformers` causal LM served in process, on CPU or GPU.
 
-Concurrent requests are gathered into batches and run by one background thread that owns the
-model (`alight.engines.batching`), so no torch work happens on the event loop. Each answer carries
-the exact prompt ids (the chat template's text, encoded), the response ids and their log-probs,
-and the version of the weights that produced it; `update_weights` swaps weights in place between
-batches.
+Concurrent requests run in one batch that they join and leave one token at a time (continuous
+batching), on one background thread that owns the model (`alight.engines.batching`), so no torch
+work happens on the event loop. Each answer carries the exact prompt ids (the chat template's
+text, encoded), the response ids and their log-probs, and the version of the weights that
+produced it; `update_weights` lets the running rows finish, then swaps weights in place.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from alight.engines.base import (
     StreamEvent,
     TextDelta,
 )
-from alight.engines.batching import BatchWorker, Job, answer, deliver
-from alight.engines.sampling import Sequence, SequenceOutput, generate
+from alight.engines.batching import BatchWorker, Job, Join, answer, deliver
+from alight.engines.sampling import Decoder, Sequence, SequenceOutput
 from alight.engines.toolcalls import PlainTextStream, ToolCallStreamFilter, assistant_message, validate_tools
 from alight.engines.weights import load_weights_into
 from alight.errors import ConfigError, ContextLengthError, InvalidRequestError
@@ -202,32 +202,28 @@ class EmbeddedEngine(Engine):
     async def close(self) -> None:
         await self._worker.close()
 
-    def _run(self, jobs: list[Job]) -> None:
-        groups: dict[str | None, list[Job]] = {}
-        for job in jobs:
-            if not job.sequence.cancelled:  # callers gone while queued are dropped
-                groups.setdefault(job.adapter, []).append(job)
-        for adapter, group in groups.items():  # one adapter per forward pass
-            self._run_group(group, adapter)
-
-    def _run_group(self, jobs: list[Job], adapter: str | None) -> None:
+    def _run(self, jobs: list[Job], join: Join) -> None:
+        """Generate for `jobs` (one adapter) and the jobs that `join` lets in while they run."""
+        adapter = jobs[0].adapter
+        active: dict[int, Job] = {}
+        decoder = Decoder(self._model, pad_id=self._pad_id, eos_ids=self._eos_ids, decode=self._decode)
         try:
             with self._model_lock, self._using(adapter):
                 version = self._version
-                outputs = generate(
-                    self._model,
-                    [job.sequence for job in jobs],
-                    pad_id=self._pad_id,
-                    eos_ids=self._eos_ids,
-                    decode=self._decode,
-                )
+                while True:
+                    joining, jobs = [job for job in jobs if not job.sequence.cancelled], []  # callers gone: dropped
+                    if joining:
+                        active.update((id(job.sequence), job) for job in joining)
+                        decoder.add([job.sequence for job in joining])
+                    if not decoder.size:
+                        return
+                    for sequence, output in decoder.step():
+                        deliver(active.pop(id(sequence)), (output, version), None)
+                    jobs = join(self.max_batch_size - decoder.size) if decoder.can_join else []
         except Exception as err:  # a failed batch fails its requests, never the worker
-            logger.exception("embedded engine: batch of %d failed", len(jobs))
-            for job in jobs:
+            logger.exception("embedded engine: batch of %d failed", len(active) + len(jobs))
+            for job in [*active.values(), *jobs]:
                 deliver(job, None, err)
-            return
-        for job, output in zip(jobs, outputs, strict=True):
-            deliver(job, (output, version), None)
 
     def _using(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
         """The context a batch of `adapter` generates in (no adapters: nothing to switch)."""
@@ -367,8 +363,8 @@ class EmbeddedEngine(Engine):
         (safetensors or PyTorch). Raises ConfigError when the weights do not fit the model."""
         await self._ensure_loaded()
 
-        def apply() -> None:
-            with self._model_lock:
+        def apply() -> None:  # the rows running finish on the old weights; none joins meanwhile
+            with self._worker.held(), self._model_lock:
                 if self._adapters is not None:  # the adapters' tensors (and a directory's base weights)
                     self._adapters.load(self._model, weights)
                 else:

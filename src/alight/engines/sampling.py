@@ -1,4 +1,4 @@
-"""The embedded engine's batched sampling loop: one prefill, then one cached forward per token.
+"""The embedded engine's batched sampling loop: prefills, then one cached forward per token.
 
 Prompts of different lengths are left-padded into one batch with an attention mask and explicit
 position ids, so each row computes what it would compute alone. Every row has its own sampling
@@ -86,58 +86,189 @@ def generate(
     decode: Callable[[list[int]], str],
 ) -> list[SequenceOutput]:
     """Continue every sequence of the batch until it ends, hits a stop string or its token limit."""
-    import torch
+    decoder = Decoder(model, pad_id=pad_id, eos_ids=eos_ids, decode=decode)
+    decoder.add(batch)
+    outputs: dict[int, SequenceOutput] = {}
+    while decoder.size:
+        for seq, output in decoder.step():
+            outputs[id(seq)] = output
+    return [outputs[id(seq)] for seq in batch]
 
-    device = next(model.parameters()).device
-    width = max(len(s.prompt_ids) for s in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, seq in enumerate(batch):
-        ids[row, width - len(seq.prompt_ids) :] = torch.tensor(seq.prompt_ids, dtype=torch.long)
-        mask[row, width - len(seq.prompt_ids) :] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
 
-    tokens: list[list[int]] = [[] for _ in batch]
-    logprobs: list[list[float]] = [[] for _ in batch]
-    texts: list[str | None] = [None] * len(batch)
-    finish: list[Literal["stop", "length"] | None] = [None] * len(batch)
-    with torch.inference_mode():
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        positions = positions[:, -1:]
-        for _step in range(max(s.max_new_tokens for s in batch)):
-            logits = out.logits[:, -1, :].float()
-            next_ids = []
-            for row, seq in enumerate(batch):
-                if finish[row] is None and seq.cancelled:
-                    finish[row] = "length"
-                if finish[row] is not None:
-                    next_ids.append(pad_id)
-                    continue
-                token, logprob = _pick(logits[row], seq)
-                tokens[row].append(token)
-                logprobs[row].append(logprob)
+@dataclass
+class _Row:
+    seq: Sequence
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+class Decoder:
+    """A running batch that sequences join and leave one token at a time (continuous batching).
+
+    `add` prefills new sequences together and merges their key/value cache into the running one
+    (both left-padded to one length); `step` samples one token for every row, hands back the rows
+    that ended, drops them from the batch and runs one cached forward for the others. Each row
+    keeps its attention mask and position ids, so it computes what it would compute alone (up to
+    float rounding of padded kernels), whoever shares the batch. Models whose cache is not plain
+    full-attention layers (sliding windows, recurrent state) cannot merge: `can_join` is False
+    once such a batch runs, and new sequences wait until it ends.
+    """
+
+    def __init__(self, model: Any, *, pad_id: int, eos_ids: set[int], decode: Callable[[list[int]], str]) -> None:
+        self._model, self._pad_id, self._eos_ids, self._decode = model, pad_id, eos_ids, decode
+        self._device = next(model.parameters()).device
+        self._rows: list[_Row] = []
+        self._cache: Any = None
+        self._mask: torch.Tensor | None = None  # [rows, cache length]: 1 where a row has a token
+        self._positions: torch.Tensor | None = None  # [rows, 1]: the position of each row's newest token
+        self._logits: torch.Tensor | None = None  # [rows, vocab]: each row's next-token logits
+        self.forwards = 0  # forward passes run (prefills and decode steps)
+
+    @property
+    def size(self) -> int:
+        """Rows still generating."""
+        return len(self._rows)
+
+    @property
+    def can_join(self) -> bool:
+        """Whether new sequences can join the running rows now."""
+        return not self._rows or _mergeable(self._cache)
+
+    def add(self, batch: list[Sequence]) -> None:
+        """Prefill `batch` (left-padded together) and let its rows join the running ones."""
+        import torch
+
+        if not batch:
+            return
+        if not self.can_join:
+            raise RuntimeError("this model's cache cannot merge batches: add only when the decoder is empty")
+        width = max(len(s.prompt_ids) for s in batch)
+        ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, seq in enumerate(batch):
+            ids[row, width - len(seq.prompt_ids) :] = torch.tensor(seq.prompt_ids, dtype=torch.long)
+            mask[row, width - len(seq.prompt_ids) :] = 1
+        ids, mask = ids.to(self._device), mask.to(self._device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            out = self._model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
+            )
+        self.forwards += 1
+        logits = out.logits[:, -1, :].float()
+        rows = [_Row(seq) for seq in batch]
+        if not self._rows:
+            self._cache, self._mask, self._logits = out.past_key_values, mask, logits
+            self._positions = positions[:, -1:]
+        else:
+            assert self._mask is not None and self._positions is not None and self._logits is not None
+            length = max(self._mask.shape[1], width)
+            _merge_caches(self._cache, out.past_key_values, length)
+            self._mask = torch.cat([_left_pad(self._mask, length, 1), _left_pad(mask, length, 1)])
+            self._positions = torch.cat([self._positions, positions[:, -1:]])
+            self._logits = torch.cat([self._logits, logits])
+        self._rows.extend(rows)
+
+    def step(self) -> list[tuple[Sequence, SequenceOutput]]:
+        """One token for every row; returns the rows that ended (and leave the batch) with their outputs."""
+        import torch
+
+        if not self._rows:
+            return []
+        assert self._mask is not None and self._positions is not None and self._logits is not None
+        ended: list[tuple[Sequence, SequenceOutput]] = []
+        keep: list[int] = []
+        next_ids: list[int] = []
+        for index, row in enumerate(self._rows):
+            seq = row.seq
+            if seq.cancelled:  # the caller has gone
+                ended.append((seq, self._output(row, "length", None)))
+                continue
+            token, logprob = _pick(self._logits[index], seq)
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            finish, text = _after_token(seq, row.tokens, self._eos_ids, self._decode)
+            if finish is not None:
+                ended.append((seq, self._output(row, finish, text)))
+            else:
+                keep.append(index)
                 next_ids.append(token)
-                finish[row], texts[row] = _after_token(seq, tokens[row], eos_ids, decode)
-            if all(f is not None for f in finish):
-                break
-            mask = torch.cat([mask, mask.new_ones((len(batch), 1))], dim=1)
-            positions = positions + 1
-            step_ids = torch.tensor(next_ids, dtype=torch.long, device=device)[:, None]
-            out = model(
+        if not keep:
+            self._rows, self._cache, self._mask, self._positions, self._logits = [], None, None, None, None
+            return ended
+        mask, positions = self._mask, self._positions
+        if len(keep) < len(self._rows):  # ended rows leave, and padding no row needs any more goes
+            kept = torch.tensor(keep, device=self._device)
+            mask, positions = mask[kept], positions[kept]
+            if _mergeable(self._cache):
+                first = int((mask.sum(0) > 0).nonzero()[0])
+                _select_cache(self._cache, kept, first)
+                mask = mask[:, first:]
+            else:  # a sliding window's or a recurrent state's own bookkeeping: HF's selection
+                self._cache.batch_select_indices(kept)
+            self._rows = [self._rows[i] for i in keep]
+        mask = torch.cat([mask, mask.new_ones((len(keep), 1))], dim=1)
+        positions = positions + 1
+        step_ids = torch.tensor(next_ids, dtype=torch.long, device=self._device)[:, None]
+        with torch.inference_mode():
+            out = self._model(
                 input_ids=step_ids,
                 attention_mask=mask,
                 position_ids=positions,
-                past_key_values=out.past_key_values,
+                past_key_values=self._cache,
                 use_cache=True,
             )
-    results = []
-    for row in range(len(batch)):
-        text = texts[row]
+        self.forwards += 1
+        self._cache, self._mask, self._positions = out.past_key_values, mask, positions
+        self._logits = out.logits[:, -1, :].float()
+        return ended
+
+    def fail(self) -> list[Sequence]:
+        """Drop every row (after an error); returns their sequences."""
+        failed = [row.seq for row in self._rows]
+        self._rows, self._cache, self._mask, self._positions, self._logits = [], None, None, None, None
+        return failed
+
+    def _output(self, row: _Row, finish: Literal["stop", "length"], text: str | None) -> SequenceOutput:
         if text is None:
-            text = decode([t for t in tokens[row] if t not in eos_ids])
-        results.append(SequenceOutput(tokens[row], logprobs[row], text, finish[row] or "length"))
-    return results
+            text = self._decode([t for t in row.tokens if t not in self._eos_ids])
+        return SequenceOutput(row.tokens, row.logprobs, text, finish)
+
+
+def _mergeable(cache: Any) -> bool:
+    """Whether `cache` is plain full-attention key/value layers (that left-padding can merge)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None) or []
+    return bool(layers) and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
+
+
+def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
+    """`tensor` with zeros before it along `dim` up to `length`."""
+    import torch
+
+    missing = length - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _merge_caches(running: Any, joining: Any, length: int) -> None:
+    """Append `joining`'s rows to `running` (in place), both left-padded to `length` positions."""
+    import torch
+
+    for mine, theirs in zip(running.layers, joining.layers, strict=True):
+        mine.keys = torch.cat([_left_pad(mine.keys, length, 2), _left_pad(theirs.keys, length, 2)])
+        mine.values = torch.cat([_left_pad(mine.values, length, 2), _left_pad(theirs.values, length, 2)])
+
+
+def _select_cache(cache: Any, rows: torch.Tensor, first: int) -> None:
+    """Keep `rows` of `cache` (in place), from position `first` on."""
+    for layer in cache.layers:
+        layer.keys = layer.keys[rows, :, first:]
+        layer.values = layer.values[rows, :, first:]
 
 
 def _after_token(
