@@ -17,11 +17,17 @@ Cases:
   embedded  Embedded engine throughput (in process, tiny model, 32 new tokens per request at
             temperature 1): sequential requests vs 8 concurrent ones, which the engine batches.
             Metrics tokens_per_s_1, tokens_per_s_8 and batching_gain (their ratio).
+  staggered Continuous batching: 8 concurrent clients whose requests ask for 4 to 60 new tokens
+            (a seeded draw), so rows end at different times; the engine with static batches (each
+            runs to its end while new requests wait) then with continuous batching (requests join
+            between two tokens). Metrics tokens_per_s_static, tokens_per_s_continuous,
+            continuous_gain (their ratio) and the median request latency of each.
 
 Each case runs --repeat times; every value is the median over the runs, since timings on a shared
 2-core machine vary a lot from run to run.
 
-Usage: python benchmarks/proxy_bench.py [--json] [--calls 300] [--seconds 10] [--repeat 3] [--cases proxy,embedded]
+Usage: python benchmarks/proxy_bench.py [--json] [--calls 300] [--seconds 10] [--repeat 3]
+       [--cases proxy,embedded,staggered]
 """
 
 from __future__ import annotations
@@ -162,33 +168,46 @@ def measure_proxy(tiny: Path, calls: int) -> list[dict[str, Any]]:
     ]
 
 
-def measure_embedded(tiny: Path, seconds: float) -> list[dict[str, Any]]:
+async def _throughput(
+    tiny: Path, seconds: float, concurrency: int, *, continuous: bool = True, varied: bool = False
+) -> tuple[float, float]:
+    """Tokens per second of `concurrency` clients calling the engine back to back for `seconds`,
+    and the median request latency (ms). Each request asks for 32 new tokens, or with `varied` for
+    4 to 60 (a fixed draw per client and request), so that rows end at different times."""
+    import random
+
     from alight.engines.base import ChatRequest, SamplingParams
 
-    async def run(concurrency: int) -> float:
-        engine = _engine(tiny, max_batch_size=8, batch_wait_ms=2.0)
-        await engine.start()
-        tokens = 0
+    engine = _engine(tiny, max_batch_size=8, batch_wait_ms=2.0, continuous_batching=continuous)
+    await engine.start()
+    tokens = 0
+    latencies: list[float] = []
 
-        async def worker(index: int, until: float) -> None:
-            nonlocal tokens
-            n = 0
-            while time.monotonic() < until:
-                sampling = SamplingParams(temperature=1.0, max_tokens=32, seed=index * 100_000 + n)
-                messages = [{"role": "user", "content": f"Tell me a story number {n}."}]
-                generation = await engine.chat(ChatRequest(model="tiny", messages=messages, sampling=sampling))
-                tokens += generation.completion_tokens  # not `tokens += await ...`: that loses updates
-                n += 1
+    async def worker(index: int, until: float) -> None:
+        nonlocal tokens
+        draw = random.Random(index)
+        n = 0
+        while time.monotonic() < until:
+            wanted = draw.randrange(4, 61) if varied else 32
+            sampling = SamplingParams(temperature=1.0, max_tokens=wanted, seed=index * 100_000 + n)
+            messages = [{"role": "user", "content": f"Tell me a story number {n}."}]
+            started = time.monotonic()
+            generation = await engine.chat(ChatRequest(model="tiny", messages=messages, sampling=sampling))
+            latencies.append(1000 * (time.monotonic() - started))
+            tokens += generation.completion_tokens  # not `tokens += await ...`: that loses updates
+            n += 1
 
-        await worker(-1, time.monotonic() + 1.0)  # warm up
-        tokens = 0
-        started = time.monotonic()
-        await asyncio.gather(*(worker(i, started + seconds) for i in range(concurrency)))
-        rate = tokens / (time.monotonic() - started)
-        await engine.close()
-        return rate
+    await worker(-1, time.monotonic() + 1.0)  # warm up
+    tokens, latencies = 0, []
+    started = time.monotonic()
+    await asyncio.gather(*(worker(i, started + seconds) for i in range(concurrency)))
+    rate = tokens / (time.monotonic() - started)
+    await engine.close()
+    return rate, statistics.median(latencies)
 
-    one, eight = asyncio.run(run(1)), asyncio.run(run(8))
+
+def measure_embedded(tiny: Path, seconds: float) -> list[dict[str, Any]]:
+    (one, _), (eight, _) = asyncio.run(_throughput(tiny, seconds, 1)), asyncio.run(_throughput(tiny, seconds, 8))
     return [
         {"case": "embedded", "metric": "tokens_per_s_1", "value": round(one, 1)},
         {"case": "embedded", "metric": "tokens_per_s_8", "value": round(eight, 1)},
@@ -196,8 +215,23 @@ def measure_embedded(tiny: Path, seconds: float) -> list[dict[str, Any]]:
     ]
 
 
+def measure_staggered(tiny: Path, seconds: float) -> list[dict[str, Any]]:
+    static, static_ms = asyncio.run(_throughput(tiny, seconds, 8, continuous=False, varied=True))
+    cont, cont_ms = asyncio.run(_throughput(tiny, seconds, 8, continuous=True, varied=True))
+    return [
+        {"case": "staggered", "metric": "tokens_per_s_static", "value": round(static, 1)},
+        {"case": "staggered", "metric": "tokens_per_s_continuous", "value": round(cont, 1)},
+        {"case": "staggered", "metric": "continuous_gain", "value": round(cont / static, 2)},
+        {"case": "staggered", "metric": "latency_p50_ms_static", "value": round(static_ms, 1)},
+        {"case": "staggered", "metric": "latency_p50_ms_continuous", "value": round(cont_ms, 1)},
+    ]
+
+
+MEASURES = {"proxy": None, "embedded": measure_embedded, "staggered": measure_staggered}
+
+
 def main() -> None:
-    parser = arguments(__doc__, cases="proxy,embedded", repeat=3)
+    parser = arguments(__doc__, cases="proxy,embedded,staggered", repeat=3)
     parser.add_argument("--calls", type=int, default=300, help="calls per side (proxy case)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measuring time per concurrency (embedded case)")
     args = parser.parse_args()
@@ -211,10 +245,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="alight-proxy-bench-") as tmp:
         tiny = tiny_model_dir(Path(tmp) / "tiny")
         for case in args.cases.split(","):
-            if case not in ("proxy", "embedded"):
-                raise SystemExit(f"unknown case {case!r} (choose from proxy, embedded)")
+            if case not in MEASURES:
+                raise SystemExit(f"unknown case {case!r} (choose from {', '.join(MEASURES)})")
+            measure = MEASURES[case]
             runs = [
-                measure_proxy(tiny, args.calls) if case == "proxy" else measure_embedded(tiny, args.seconds)
+                measure_proxy(tiny, args.calls) if measure is None else measure(tiny, args.seconds)
                 for _ in range(args.repeat)
             ]
             for rows in zip(*runs, strict=True):

@@ -69,7 +69,7 @@ class EngineConfig:
     served_name: str = "policy"  # the model name agents send; the proxy answers to it
     device: str = "cpu"  # embedded: cpu | cuda | cuda:N
     dtype: str = "float32"  # embedded: float32 | bfloat16 | float16
-    max_batch_size: int = 32  # embedded: requests generated together
+    max_batch_size: int = 32  # embedded: requests generated together (they join and leave between tokens)
     base_url: str | None = None  # litellm: the OpenAI-compatible endpoint, if any
     api_key_env: str | None = None  # litellm: environment variable holding the API key
     tokenizer: str | None = None  # litellm: tokenizer directory for token ids the endpoint does not return

@@ -66,6 +66,8 @@ class EmbeddedEngine(Engine):
     Response token ids stop at and include the end-of-turn token (`<|im_end|>` or eos) when the
     model generated it; the text excludes it. Log-probs are log_softmax(logits / T) at each sampled
     token, T = temperature (T = 1 when temperature is 0), from the logits that sampled it.
+    Requests join the running batch between two tokens (`continuous_batching`; False: static
+    batches, each running to its end while new requests wait).
     With `adapters` (agent names), one LoRA adapter per agent answers that agent's calls (see
     `alight.engines.agent_adapters`; `lora`: peft LoraConfig arguments of adapters not saved).
     """
@@ -81,8 +83,8 @@ class EmbeddedEngine(Engine):
         max_batch_size: int = 32,
         max_new_tokens: int = 512,  # limit of a request that sets no max_tokens
         max_context: int | None = None,  # None: the model's max_position_embeddings
-        batch_wait_ms: float = 10.0,  # a batch waits this long after each request for another one
-        max_batch_wait_ms: float = 100.0,  # ... and at most this long after its first request
+        batch_wait_ms: float = 10.0,  # an idle engine waits this long after each request for another one
+        max_batch_wait_ms: float = 100.0,  # ... and at most this long after its first (later ones join)
         seed: int | None = None,  # seeds requests that bring no seed; None: torch's global RNG
         served_name: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,  # where "tiny" is built
@@ -90,6 +92,7 @@ class EmbeddedEngine(Engine):
         adapters: list[str] | None = None,  # per-agent LoRA: the agents that get an adapter
         lora: dict[str, Any] | None = None,  # per-agent LoRA: peft LoraConfig arguments of new adapters
         chat_template: str = "auto",  # see alight.models.chat_templates
+        continuous_batching: bool = True,  # False: a batch runs to its end before the next one starts
     ) -> None:
         if dtype not in DTYPES:
             raise ConfigError(f"embedded engine: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -105,6 +108,7 @@ class EmbeddedEngine(Engine):
         self.max_batch_wait_ms = max(max_batch_wait_ms, batch_wait_ms)
         self._max_context_arg, self._seed, self._torch_threads = max_context, seed, torch_threads
         self._chat_template = chat_template
+        self.continuous_batching = continuous_batching
         self._adapters = AgentAdapters(list(adapters), lora, self._served_name) if adapters else None
         self._model: Any = None
         self._tokenizer: Any = None
@@ -219,7 +223,8 @@ class EmbeddedEngine(Engine):
                         return
                     for sequence, output in decoder.step():
                         deliver(active.pop(id(sequence)), (output, version), None)
-                    jobs = join(self.max_batch_size - decoder.size) if decoder.can_join else []
+                    joins = self.continuous_batching and decoder.can_join
+                    jobs = join(self.max_batch_size - decoder.size) if joins else []
         except Exception as err:  # a failed batch fails its requests, never the worker
             logger.exception("embedded engine: batch of %d failed", len(active) + len(jobs))
             for job in [*active.values(), *jobs]:
