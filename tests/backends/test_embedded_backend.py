@@ -228,6 +228,56 @@ def test_stale_rows_train_against_the_proximal_policy_with_truncated_importance_
     assert metrics["actor/pg_clipfrac"] < plain_metrics["actor/pg_clipfrac"]  # stale rows: ratio 1
 
 
+def count_calls(obj: Any, name: str) -> list[None]:
+    """Wrap `obj.name` to append to the returned list at each call."""
+    calls: list[None] = []
+    method = getattr(obj, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(None)
+        return method(*args, **kwargs)
+
+    setattr(obj, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("mini_batch_size", [None, 2])
+def test_one_step_updates_take_the_proximal_anchor_from_their_own_forward(
+    tiny_dir: Path, mini_batch_size: int | None
+) -> None:
+    """One optimizer step per batch: every forward runs on the weights before the step, so a stale
+    row's proximal log-probs are its own (detached) log-probs: no separate forward, and the step
+    applies what it applies with the anchor computed beforehand. Two steps (mini-batches of 2) need
+    the anchor from before the first: one forward more."""
+    rows = transitions([1.0, -1.0, 0.5, -0.5])
+    behaviour = [[v - 0.7 for v in lp] for lp in on_policy_logprobs(backend(tiny_dir), rows)]
+
+    def stale_batch() -> TransitionBatch:
+        batch = batch_of(transitions([1.0, -1.0, 0.5, -0.5], logprobs=behaviour))  # type: ignore[arg-type]
+        batch.mark_stale({"ro-0", "ro-2"})
+        return batch
+
+    results = []
+    for anchor_first in (False, True):
+        b = backend(tiny_dir, is_cap=1.5, micro_batch_size=2, mini_batch_size=mini_batch_size)
+        grads = applied_gradients(b)
+        calls = count_calls(b, "log_probs")
+        batch = stale_batch()
+        if anchor_first:
+            b.fill_proximal_log_probs(batch)  # the separate forward (one micro-batch: both stale rows)
+        metrics = b.update(batch)
+        results.append((dict(grads), weights(b), metrics, len(calls)))
+    (g_own, w_own, m_own, f_own), (g_first, w_first, m_first, f_first) = results
+    assert f_own == (2 if mini_batch_size is None else 3)  # 2 micro-batches (+ the anchor for 2 steps)
+    assert f_first == f_own + 1
+    for key, grad in g_first.items():
+        assert torch.allclose(g_own[key], grad, atol=1e-6, rtol=1e-4), key
+    for key, weight in w_first.items():
+        assert torch.allclose(w_own[key], weight, atol=1e-6), key
+    for name in ("actor/is_weight_mean", "actor/is_capped_frac", "actor/pg_clipfrac", "actor/loss"):
+        assert m_own[name] == pytest.approx(m_first[name], abs=1e-6), name
+
+
 def applied_gradients(b: EmbeddedBackend) -> dict[str, torch.Tensor]:
     """Filled, at each optimizer step, with the accumulated (and clipped) gradient the optimizer applies."""
     grads: dict[str, torch.Tensor] = {}

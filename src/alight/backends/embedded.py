@@ -231,7 +231,10 @@ class EmbeddedBackend(FactoryDefaults):
                 "actor/lr": self._optimization().lr,
             }
         self.fill_old_log_probs(batch)
-        self.fill_proximal_log_probs(batch)
+        if mini < rows or epochs > 1:  # later optimizer steps need the anchor from before the first
+            self.fill_proximal_log_probs(batch)
+        # else one optimizer step: every forward runs on the weights before it, so each stale row's
+        # proximal log-probs are its own (detached) log-probs in `_policy_step`: no extra forward
         sums: dict[str, float] = {}
         steps = skipped_steps = skipped_micro = 0
         forwarded = 0.0
@@ -298,7 +301,10 @@ class EmbeddedBackend(FactoryDefaults):
             assert token_entropy is not None
             if cfg.entropy_coef == 0:
                 token_entropy = token_entropy.detach()
-            if micro.proximal_log_probs is None:  # on-policy rows: the behaviour policy is the proximal one
+            proximal = micro.proximal_log_probs
+            if proximal is None and micro.stale is not None and bool(micro.stale.any()):  # one step: see `update`
+                proximal = torch.where(micro.stale[:, None], log_probs.detach() * mask, micro.old_log_probs)
+            if proximal is None:  # on-policy rows: the behaviour policy is the proximal one
                 pg, clipped, approx_kl = losses.clipped_policy_loss(
                     log_probs, micro.old_log_probs, micro.advantages, cfg.clip_ratio_low, cfg.clip_ratio_high
                 )
@@ -306,7 +312,7 @@ class EmbeddedBackend(FactoryDefaults):
             else:
                 pg, clipped, approx_kl, weight, capped = losses.decoupled_policy_loss(
                     log_probs,
-                    micro.proximal_log_probs,
+                    proximal,
                     micro.old_log_probs,
                     micro.advantages,
                     cfg.clip_ratio_low,
