@@ -43,6 +43,25 @@ def prompt(engine: EmbeddedEngine, text: str) -> list[int]:
     return list(engine.tokenizer.encode(text, add_special_tokens=False))
 
 
+async def streamed(eng: EmbeddedEngine, request: ChatRequest, started: asyncio.Event) -> Generation:
+    """`request` streamed to its end; `started` is set at its first text."""
+    generation: Generation | None = None
+    async for event in eng.chat_stream(request):
+        if isinstance(event, TextDelta):
+            started.set()
+        else:
+            generation = event
+    assert generation is not None
+    return generation
+
+
+def eager_engine(tiny_dir: Path, **options: Any) -> EmbeddedEngine:
+    """An engine that starts a batch 1 ms after an idle spell (so arrivals are not gathered)."""
+    return EmbeddedEngine(
+        "tiny", cache_dir=tiny_dir, max_new_tokens=LONG, batch_wait_ms=1, max_batch_wait_ms=1, **options
+    )
+
+
 def assert_same(got: SequenceOutput, alone: SequenceOutput) -> None:
     assert got.token_ids == alone.token_ids
     assert got.text == alone.text and got.finish_reason == alone.finish_reason
@@ -87,14 +106,7 @@ def test_rows_that_join_and_leave_a_running_batch_compute_what_they_compute_alon
 async def test_a_request_joins_the_running_batch_instead_of_waiting_for_it_to_end(
     tiny_dir: Path, continuous: bool
 ) -> None:
-    eng = EmbeddedEngine(
-        "tiny",
-        cache_dir=tiny_dir,
-        max_new_tokens=LONG,
-        batch_wait_ms=1,
-        max_batch_wait_ms=1,
-        continuous_batching=continuous,
-    )
+    eng = eager_engine(tiny_dir, continuous_batching=continuous)
     await eng.start()
     try:
         long_alone = await eng.chat(chat("hi", LONG))
@@ -103,14 +115,8 @@ async def test_a_request_joins_the_running_batch_instead_of_waiting_for_it_to_en
         order: list[str] = []
 
         async def long_call() -> Generation:
-            generation: Generation | None = None
-            async for event in eng.chat_stream(chat("hi", LONG)):
-                if isinstance(event, TextDelta):
-                    started.set()
-                else:
-                    generation = event
+            generation = await streamed(eng, chat("hi", LONG), started)
             order.append("long")
-            assert generation is not None
             return generation
 
         async def short_call() -> Generation:
@@ -132,7 +138,7 @@ async def test_a_request_joins_the_running_batch_instead_of_waiting_for_it_to_en
 
 
 async def test_a_weight_update_waits_for_the_running_rows_and_none_joins_meanwhile(tiny_dir: Path) -> None:
-    eng = EmbeddedEngine("tiny", cache_dir=tiny_dir, max_new_tokens=LONG, batch_wait_ms=1, max_batch_wait_ms=1)
+    eng = eager_engine(tiny_dir)
     await eng.start()
     try:
         old_long = await eng.chat(chat("hi", LONG))
@@ -145,16 +151,6 @@ async def test_a_weight_update_waits_for_the_running_rows_and_none_joins_meanwhi
 
         started, update_called = asyncio.Event(), asyncio.Event()
 
-        async def long_call() -> Generation:
-            generation: Generation | None = None
-            async for event in eng.chat_stream(chat("hi", LONG)):
-                if isinstance(event, TextDelta):
-                    started.set()
-                else:
-                    generation = event
-            assert generation is not None
-            return generation
-
         async def update() -> None:
             await started.wait()
             task = asyncio.create_task(eng.update_weights(changed, 1))
@@ -166,7 +162,7 @@ async def test_a_weight_update_waits_for_the_running_rows_and_none_joins_meanwhi
             await update_called.wait()
             return await eng.chat(chat("What is 2+2?", 4))
 
-        long_run, _, short_run = await asyncio.gather(long_call(), update(), short_call())
+        long_run, _, short_run = await asyncio.gather(streamed(eng, chat("hi", LONG), started), update(), short_call())
     finally:
         await eng.close()
     assert long_run.weights_version == 0 and long_run.response_token_ids == old_long.response_token_ids
@@ -177,14 +173,8 @@ async def test_a_weight_update_waits_for_the_running_rows_and_none_joins_meanwhi
 async def test_requests_of_another_adapter_wait_for_the_running_batch(tiny_dir: Path) -> None:
     """One adapter per forward: a request for another adapter starts a batch of its own once the
     running one ends; both give what they give alone."""
-    eng = EmbeddedEngine(
-        "tiny",
-        cache_dir=tiny_dir,
-        max_new_tokens=LONG,
-        batch_wait_ms=1,
-        max_batch_wait_ms=1,
-        adapters=["alpha", "beta"],
-        lora={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+    eng = eager_engine(
+        tiny_dir, adapters=["alpha", "beta"], lora={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
     )
     await eng.start()
 

@@ -186,7 +186,8 @@ class EmbeddedBackend(FactoryDefaults):
 
     def fill_proximal_log_probs(self, batch: TransitionBatch) -> None:
         """Stale rows (async training) get the current policy's log-probs (before any update) as
-        their proximal anchor; fresh rows keep their behaviour log-probs. No stale row: nothing."""
+        their proximal anchor; fresh rows keep their behaviour log-probs. No stale row: nothing.
+        `update` calls it only when it takes several optimizer steps (see there)."""
         import torch
 
         if batch.stale is None or not bool(batch.stale.any()):
@@ -208,7 +209,10 @@ class EmbeddedBackend(FactoryDefaults):
         A micro-batch whose loss has no gradient (every advantage 0, no KL and no entropy term) is
         not run; an optimizer step all of whose micro-batches were skipped is skipped too (AdamW
         would still move the weights by momentum and weight decay) and does not advance the
-        learning-rate schedule. `actor/skipped_micro_batches` and `actor/skipped_steps` count them."""
+        learning-rate schedule. `actor/skipped_micro_batches` and `actor/skipped_steps` count them.
+        Stale rows (async) train against their proximal log-probs: with one optimizer step, their own
+        detached log-probs in that step's forward (the weights before it); otherwise a forward pass
+        before the first step (`fill_proximal_log_probs`)."""
         import torch
 
         if self.objective.loss == "nll":

@@ -134,28 +134,25 @@ class BatchWorker:
         while not self._stopping and len(self._waiting) < self.max_batch_size:
             wait = min(self.batch_wait_ms / 1000, cap - time.monotonic())
             try:
-                job = self._queue.get(timeout=max(wait, 0.0))
+                self._accept(self._queue.get(timeout=max(wait, 0.0)))
             except queue.Empty:
                 return
-            if job is None:
-                self._stopping = True
-            else:
-                self._waiting.append(job)
 
     def _join(self, adapter: str | None, room: int) -> list[Job]:
         """Jobs of `adapter` that may join the running batch now: up to `room`, none while held."""
         if room <= 0 or not self._open.is_set():
             return []
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is None:
-                self._stopping = True
-            else:
-                self._waiting.append(job)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._accept(self._queue.get_nowait())
         return self._take(adapter, room)
+
+    def _accept(self, job: Job | None) -> None:
+        """A job from the queue waits for a batch; None (from `close`) stops the worker once idle."""
+        if job is None:
+            self._stopping = True
+        else:
+            self._waiting.append(job)
 
     def _take(self, adapter: str | None, room: int) -> list[Job]:
         """Remove and return the first `room` waiting jobs of `adapter`, in arrival order."""
