@@ -12,7 +12,7 @@ import pytest
 
 from alight.engines.base import ChatRequest, Generation, SamplingParams, TextDelta
 from alight.engines.embedded import EmbeddedEngine
-from alight.engines.sampling import Decoder, Sequence, SequenceOutput, generate
+from alight.engines.sampling import Decoder, Sequence, SequenceOutput
 
 torch = pytest.importorskip("torch")
 
@@ -55,6 +55,16 @@ async def streamed(eng: EmbeddedEngine, request: ChatRequest, started: asyncio.E
     return generation
 
 
+def generated_alone(engine: EmbeddedEngine, seq: Sequence, **parts: Any) -> SequenceOutput:
+    """`seq` generated in a batch of its own."""
+    decoder = Decoder(engine.model, **parts)
+    decoder.add([seq])
+    ended: list[tuple[Sequence, SequenceOutput]] = []
+    while decoder.size:
+        ended += decoder.step()
+    return ended[0][1]
+
+
 def eager_engine(tiny_dir: Path, **options: Any) -> EmbeddedEngine:
     """An engine that starts a batch 1 ms after an idle spell (so arrivals are not gathered)."""
     return EmbeddedEngine(
@@ -85,7 +95,7 @@ def test_rows_that_join_and_leave_a_running_batch_compute_what_they_compute_alon
             for text, limit, seed in zip(texts, limits, seeds, strict=True)
         ]
 
-    alone = [generate(engine.model, [seq], **parts)[0] for seq in sequences()]
+    by_itself = [generated_alone(engine, seq, **parts) for seq in sequences()]
     decoder = Decoder(engine.model, **parts)
     seqs = sequences()
     outputs: dict[int, SequenceOutput] = {}
@@ -96,7 +106,7 @@ def test_rows_that_join_and_leave_a_running_batch_compute_what_they_compute_alon
         for seq, output in decoder.step():
             outputs[id(seq)] = output
         step += 1
-    for seq, expected in zip(seqs, alone, strict=True):
+    for seq, expected in zip(seqs, by_itself, strict=True):
         assert_same(outputs[id(seq)], expected)
     assert outputs[id(seqs[1])].token_ids and len(outputs[id(seqs[0])].token_ids) == 40
     assert decoder.size == 0 and decoder.forwards == 3 + 39  # 3 prefills, then one forward per later token

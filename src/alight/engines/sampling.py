@@ -77,24 +77,6 @@ def _pick(logits: torch.Tensor, seq: Sequence) -> tuple[int, float]:
     return token, float(logp[token])
 
 
-def generate(
-    model: Any,
-    batch: list[Sequence],
-    *,
-    pad_id: int,
-    eos_ids: set[int],
-    decode: Callable[[list[int]], str],
-) -> list[SequenceOutput]:
-    """Continue every sequence of the batch until it ends, hits a stop string or its token limit."""
-    decoder = Decoder(model, pad_id=pad_id, eos_ids=eos_ids, decode=decode)
-    decoder.add(batch)
-    outputs: dict[int, SequenceOutput] = {}
-    while decoder.size:
-        for seq, output in decoder.step():
-            outputs[id(seq)] = output
-    return [outputs[id(seq)] for seq in batch]
-
-
 @dataclass
 class _Row:
     seq: Sequence
@@ -123,6 +105,7 @@ class Decoder:
         self._positions: torch.Tensor | None = None  # [rows, 1]: the position of each row's newest token
         self._logits: torch.Tensor | None = None  # [rows, vocab]: each row's next-token logits
         self.forwards = 0  # forward passes run (prefills and decode steps)
+        self._merges = False  # whether the running cache's layers can merge (see `_mergeable`)
 
     @property
     def size(self) -> int:
@@ -132,7 +115,7 @@ class Decoder:
     @property
     def can_join(self) -> bool:
         """Whether new sequences can join the running rows now."""
-        return not self._rows or _mergeable(self._cache)
+        return not self._rows or self._merges
 
     def add(self, batch: list[Sequence]) -> None:
         """Prefill `batch` (left-padded together) and let its rows join the running ones."""
@@ -159,6 +142,7 @@ class Decoder:
         rows = [_Row(seq) for seq in batch]
         if not self._rows:
             self._cache, self._mask, self._logits = out.past_key_values, mask, logits
+            self._merges = _mergeable(self._cache)  # the same kind of cache until the batch ends
             self._positions = positions[:, -1:]
         else:
             assert self._mask is not None and self._positions is not None and self._logits is not None
@@ -200,7 +184,7 @@ class Decoder:
         if len(keep) < len(self._rows):  # ended rows leave, and padding no row needs any more goes
             kept = torch.tensor(keep, device=self._device)
             mask, positions = mask[kept], positions[kept]
-            if _mergeable(self._cache):
+            if self._merges:
                 first = int((mask.sum(0) > 0).nonzero()[0])
                 _select_cache(self._cache, kept, first)
                 mask = mask[:, first:]
