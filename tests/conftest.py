@@ -22,6 +22,12 @@ GROUPS = {
         "tests/trainer/test_verl_cpu_run.py",
         "tests/backends/verl/",
     ),
+    # One real vLLM server per session (tests/engines/conftest.py `real_vllm`): its tests on one worker.
+    "vllm": (
+        "tests/engines/test_engine_conformance.py",
+        "tests/engines/test_vllm_real.py",
+        "tests/trainer/test_vllm_training.py",
+    ),
     # The GPU sets' pip dry runs share one module-scoped fixture: on one worker they run once.
     "pip": ("tests/test_gpu_extras.py",),
 }
@@ -44,6 +50,28 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from alight.engines.embedded import tiny_model_dir
 
     return tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny")
+
+
+def vllm_python() -> str | None:
+    """The interpreter of the vLLM venv: $ALIGHT_VLLM_PYTHON, else the checkout's .venv-vllm."""
+    named = os.environ.get("ALIGHT_VLLM_PYTHON")
+    if named:
+        return named
+    local = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    return str(local) if local.exists() else None
+
+
+@pytest.fixture(scope="session")
+def real_vllm_python() -> str:
+    """The vLLM venv's interpreter; without one the test skips, or fails where ALIGHT_REQUIRE_VLLM=1
+    (README's test command sets it: CI must not pass by skipping the real server)."""
+    python = vllm_python()
+    if python is None:
+        message = "no vLLM venv (.venv-vllm or ALIGHT_VLLM_PYTHON): README's test command installs vLLM's CPU build"
+        if os.environ.get("ALIGHT_REQUIRE_VLLM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ LLM_REQUEST_PROMPT = "llm.request.prompt"  # completions API: the prompt text
 LLM_REQUEST_TOOLS = "llm.request.tools"  # list of OpenAI tool definitions, or absent
 LLM_REQUEST_MODEL = "llm.request.model"
 LLM_REQUEST_SAMPLING = "llm.request.sampling"  # dict: the call's LLM_SAMPLING_KEYS (and provider extras)
+LLM_ENGINE_SAMPLING = "llm.engine.sampling"  # dict: every setting the engine sampled with (its defaults included)
 LLM_STREAM = "llm.stream"  # bool: the client asked for a streamed answer
 LLM_RESPONSE_MESSAGE = "llm.response.message"  # OpenAI assistant message: role, content, tool_calls
 LLM_RESPONSE_TEXT = "llm.response.text"  # completions API: the generated text
@@ -84,6 +85,7 @@ JSON_ATTRIBUTES = frozenset(
         LLM_REQUEST_MESSAGES,
         LLM_REQUEST_TOOLS,
         LLM_REQUEST_SAMPLING,
+        LLM_ENGINE_SAMPLING,
         LLM_RESPONSE_MESSAGE,
         LLM_PROMPT_TOKEN_IDS,
         LLM_RESPONSE_TOKEN_IDS,

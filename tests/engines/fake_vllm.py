@@ -1,6 +1,7 @@
 """A fake `vllm` command for tests where no GPU is (a stand-in, not vLLM: no model runs here).
 
-`python fake_vllm.py serve MODEL_DIR --host H --port P ...` serves the scripted OpenAI server on that
+`python fake_vllm.py --model MODEL_DIR --host H --port P ...` (the options alight gives vLLM's
+OpenAI server) serves the scripted OpenAI server on that
 port; its answer names a digest of MODEL_DIR/model.safetensors, re-read on start and on
 `reload_weights`, so a test can tell which weights are served. Exits with code 3 when
 MODEL_DIR/crash exists; answers reload_weights with 404 while MODEL_DIR/no_reload exists.
@@ -69,8 +70,7 @@ class FakeVLLMServer(ScriptedOpenAIServer):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["serve"])
-    parser.add_argument("model")
+    parser.add_argument("--model", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--enable-sleep-mode", action="store_true")

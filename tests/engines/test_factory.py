@@ -18,7 +18,8 @@ def test_each_kind(tiny_dir: Path) -> None:
     assert isinstance(embedded, EmbeddedEngine) and embedded.model_names == ["tiny"]
     litellm = make_engine("litellm", model="openai/x", base_url="http://127.0.0.1:1/v1", served_name="policy")
     assert isinstance(litellm, LiteLLMEngine) and litellm.model_names == ["policy", "openai/x"]
-    assert isinstance(make_engine("vllm", model=str(tiny_dir), port=8123), VLLMEngine)  # starts nothing yet
+    remote = make_engine("vllm", model=str(tiny_dir), base_url="http://127.0.0.1:1/v1")
+    assert isinstance(remote, VLLMEngine)  # starts nothing yet
 
 
 def test_unknown_kind_or_option_is_a_one_line_config_error() -> None:

@@ -24,6 +24,7 @@ import pytest
 from alight import semconv
 from alight.engines import vllm_engine
 from alight.engines.vllm_engine import VLLMEngine
+from alight.engines.vllm_server import VLLMLauncher
 from alight.proxy import Proxy, ProxyServer
 from alight.store import MemoryStore
 from tests.proxy.conftest import new_attempt, spans_of
@@ -35,7 +36,7 @@ MESSAGES = [{"role": "user", "content": "2+3?"}]
 @pytest.fixture
 def server(tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ProxyServer]:
     script = Path(__file__).with_name("fake_vllm.py")
-    monkeypatch.setattr(vllm_engine, "vllm_executable", lambda: [sys.executable, str(script)])
+    monkeypatch.setattr(vllm_engine, "find_vllm", lambda *a, **k: VLLMLauncher((sys.executable, str(script)), "gpu"))
     monkeypatch.setenv("FAKE_VLLM_DELAY_S", str(DELAY_S))
     engine = VLLMEngine("tiny", cache_dir=tiny_dir, work_dir=tmp_path / "vllm", startup_timeout_s=60)
     with ProxyServer(Proxy(engine, MemoryStore(), version=0)) as proxy_server:

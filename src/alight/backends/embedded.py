@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 AUTO = "auto"  # algorithm.micro_batch_size: the most rows that fit (alight.backends.memory)
 #: Prompt tokens assumed when checking that micro_batch_size fits and adapter.max_prompt_length is unset.
 ASSUMED_PROMPT_TOKENS = 256
+ENGINE_ROWS = "_engine_log_probs"  # batch.meta during an update: rows whose log-probs the engine recorded
 ADAPTER_DIR = "adapter"  # a checkpoint's folder of the LoRA adapter (peft's format)
 
 
@@ -83,6 +84,7 @@ class EmbeddedBackend(FactoryDefaults):
 
         self.cfg = algorithm
         self.objective = objective(algorithm)
+        self._gap = [0.0, 0.0, 0.0]  # the update's engine-trainer log-prob gap: sum, max, tokens
         self.device = torch.device(device)
         self.temperature = temperature if temperature > 0 else 1.0
         self.model_path = Path(model_path)
@@ -234,6 +236,11 @@ class EmbeddedBackend(FactoryDefaults):
                 "actor/update_tokens": 0.0,
                 "actor/lr": self._optimization().lr,
             }
+        # rows whose behaviour log-probs the engine recorded (fresh ones): the first optimizer step's
+        # forward runs on the weights that served them, so it measures the engine-trainer gap for free
+        engine_rows = batch.has_old_log_probs if batch.stale is None else batch.has_old_log_probs & ~batch.stale
+        batch.meta[ENGINE_ROWS] = engine_rows.tolist()
+        self._gap = [0.0, 0.0, 0.0]  # sum, max, tokens
         self.fill_old_log_probs(batch)
         if mini < rows or epochs > 1:  # later optimizer steps need the anchor from before the first
             self.fill_proximal_log_probs(batch)
@@ -247,7 +254,7 @@ class EmbeddedBackend(FactoryDefaults):
                 torch.randperm(rows, generator=self.generator) if (mini < rows or epochs > 1) else torch.arange(rows)
             )
             for start in range(0, rows, mini):
-                result = self._policy_step(batch.select(order[start : start + mini]))
+                result = self._policy_step(batch.select(order[start : start + mini]), measure_gap=steps == 0)
                 skipped_micro += int(result.pop("skipped_micro_batches"))
                 forwarded += result.pop("forwarded_tokens")
                 if result.pop("skipped_step"):
@@ -258,6 +265,9 @@ class EmbeddedBackend(FactoryDefaults):
                 steps += 1
         metrics = {key: value / steps for key, value in sums.items()} if steps else {}
         metrics["actor/optimizer_steps"] = float(steps)
+        if self._gap[2]:
+            metrics["actor/logprob_gap_mean"] = self._gap[0] / self._gap[2]
+            metrics["actor/logprob_gap_max"] = self._gap[1]
         metrics["actor/skipped_steps"] = float(skipped_steps)
         metrics["actor/skipped_micro_batches"] = float(skipped_micro)
         metrics["actor/update_tokens"] = forwarded
@@ -282,7 +292,10 @@ class EmbeddedBackend(FactoryDefaults):
         width = int(batch.input_ids.shape[1])
         return self._auto.rows(self.shape, len(batch), width, fixed=self._pending_bytes())
 
-    def _policy_step(self, mini: TransitionBatch) -> dict[str, float]:
+    def _policy_step(self, mini: TransitionBatch, *, measure_gap: bool = False) -> dict[str, float]:
+        """One optimizer step on `mini`; with `measure_gap` (the first step of an update, on the
+        weights that served the rows) the engine-trainer log-prob gap of its engine rows is added
+        to `self._gap`."""
         import torch
 
         cfg = self.cfg
@@ -305,6 +318,12 @@ class EmbeddedBackend(FactoryDefaults):
             assert token_entropy is not None
             if cfg.entropy_coef == 0:
                 token_entropy = token_entropy.detach()
+            if measure_gap and ENGINE_ROWS in micro.meta:
+                recorded = torch.tensor(micro.meta[ENGINE_ROWS], dtype=torch.bool, device=mask.device)
+                gap_sum, gap_max, gap_tokens = losses.log_prob_gap(
+                    log_probs, micro.old_log_probs, mask * recorded[:, None]
+                )
+                self._gap = [self._gap[0] + gap_sum, max(self._gap[1], gap_max), self._gap[2] + gap_tokens]
             proximal = micro.proximal_log_probs
             if proximal is None and micro.stale is not None and bool(micro.stale.any()):  # one step: see `update`
                 proximal = torch.where(micro.stale[:, None], log_probs.detach() * mask, micro.old_log_probs)

@@ -135,3 +135,12 @@ def nll_loss(
 ) -> torch.Tensor:
     """Supervised loss: the aggregated negative log-likelihood of the masked tokens."""
     return aggregate(-log_probs, mask, mode, normaliser=normaliser)
+
+
+def log_prob_gap(trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
+    """|trainer - engine| log-prob over the masked tokens: (sum, max, tokens). The engine's recorded
+    log-probs and the trainer's forward on the same weights should agree; a growing gap breaks the
+    off-policy correction that takes the engine's as the behaviour policy."""
+    gap = (trainer.detach().float() - engine.float()).abs() * mask
+    tokens = float(mask.sum())
+    return float(gap.sum()), float(gap.max()) if tokens else 0.0, tokens

@@ -69,6 +69,7 @@ class Generation:
     completion_tokens: int = 0
     weights_version: int | None = None  # version of the weights that produced it, where known
     adapter: str | None = None  # the LoRA adapter that answered (per-agent LoRA); None: the base weights
+    sampling: dict[str, Any] | None = None  # the settings the engine sampled with, where it says (on the span)
 
 
 @dataclass

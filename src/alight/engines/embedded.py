@@ -307,6 +307,7 @@ class EmbeddedEngine(Engine):
             completion_tokens=len(output.token_ids),
             weights_version=version,
             adapter=adapter,
+            sampling=sampled_with(sequence),
         )
 
     async def chat(self, request: ChatRequest) -> Generation:
@@ -378,6 +379,20 @@ class EmbeddedEngine(Engine):
 
         await asyncio.to_thread(apply)
         logger.info("embedded engine: serving weights version %d", version)
+
+
+def sampled_with(sequence: Sequence) -> dict[str, Any]:
+    """The settings a row was sampled with (recorded on the call's span): no top-k, min-p or penalty."""
+    return {
+        "temperature": sequence.temperature,
+        "top_p": sequence.top_p,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "max_tokens": sequence.max_new_tokens,
+    }
 
 
 def _first_line(err: BaseException) -> str:

@@ -126,6 +126,8 @@ def llm_span(
         attributes[semconv.LLM_RESPONSE_MODEL] = generation.model
         if generation.adapter is not None:
             attributes[semconv.LLM_ADAPTER] = generation.adapter
+        if generation.sampling is not None:
+            attributes[semconv.LLM_ENGINE_SAMPLING] = generation.sampling
         attributes[semconv.LLM_PROMPT_TOKEN_IDS] = generation.prompt_token_ids
         attributes[semconv.LLM_RESPONSE_TOKEN_IDS] = generation.response_token_ids
         attributes[semconv.LLM_RESPONSE_LOGPROBS] = generation.response_logprobs

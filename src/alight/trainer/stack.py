@@ -42,6 +42,8 @@ def engine_options(engine: EngineConfig, *, model: str | None = None) -> tuple[s
             max_batch_size=engine.max_batch_size,
             chat_template=engine.chat_template,
         )
+    elif engine.kind == "vllm":  # vLLM's own settings (where it is installed, memory) come in engine.options
+        options.update(chat_template=engine.chat_template, base_url=engine.base_url)
     elif engine.kind == "litellm":
         options.update(base_url=engine.base_url, api_key_env=engine.api_key_env, tokenizer=engine.tokenizer)
         if engine.tokenizer is not None:
