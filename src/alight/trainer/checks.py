@@ -40,9 +40,25 @@ def validate(cfg: ExperimentConfig) -> None:
         check_backend(cfg)
     if kind == "sft_store":
         _check_from_store(cfg)
+    check_engine(cfg)
     check_store(cfg.store)
     check_pool(cfg.runner)
     runner_agent(cfg.agent, reward=cfg.reward)  # a bad entrypoint, program, sandbox or tests reward: one line
+
+
+def check_engine(cfg: ExperimentConfig) -> None:
+    """A vLLM engine's settings, before the warm start: where vLLM is (an interpreter probe, well under
+    a second), what its build cannot do, an unknown option. Other engines check theirs as they start."""
+    if cfg.engine.kind != "vllm":
+        return
+    from alight.backends.factory import backend_for
+    from alight.engines.factory import make_engine
+    from alight.trainer.stack import engine_options
+
+    kind, options = engine_options(cfg.engine)
+    if cfg.algorithm.name != "apo":
+        options.update(backend_for(cfg).engine_options(cfg))
+    make_engine(kind, **options)  # builds the engine object only: nothing starts
 
 
 def _check_from_store(cfg: ExperimentConfig) -> None:
