@@ -6,7 +6,9 @@
     python benchmarks/engine_bench.py --model smollm2-135m-instruct --json
 
 Each engine serves the same directory with the same chat template, at temperature 1 with fixed
-`--max-tokens` answers (`ignore_eos`-free: answers that end early count the tokens they have).
+`--max-tokens` answers (`ignore_eos`-free: answers that end early count the tokens they have). Then
+`--parity` answers per engine are scored by the trainer's view (a plain fp32 transformers forward):
+the mean and max |engine - trainer| log-prob per token.
 Run it alone: the two cores are shared by the engine and the clients."""
 
 from __future__ import annotations
@@ -61,7 +63,39 @@ async def _burst(engine: Any, concurrency: int, max_tokens: int) -> float:
     return sum(a.completion_tokens for a in answers) / elapsed
 
 
-async def measure(kind: str, model: str, args: Any) -> list[dict[str, Any]]:
+def _reference(model: str) -> Any:
+    """The trainer's view of the weights: a plain transformers forward in fp32."""
+    from transformers import AutoModelForCausalLM
+
+    from alight.engines.embedded import tiny_model_dir
+
+    path = tiny_model_dir() if model == "tiny" else model
+    return AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
+
+
+async def _parity(engine: Any, reference: Any, samples: int) -> tuple[float, float]:
+    """Mean and max |engine - trainer| log-prob over the tokens of `samples` sampled answers (T = 1)."""
+    import torch
+
+    from alight.engines.base import ChatRequest, SamplingParams
+
+    gaps: list[float] = []
+    for i in range(samples):
+        request = ChatRequest(
+            model="policy",
+            messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            sampling=SamplingParams(temperature=1.0, max_tokens=32, seed=100 + i),
+        )
+        out = await engine.chat(request)
+        prompt, response = out.prompt_token_ids, out.response_token_ids
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+        want = torch.log_softmax(logits.float(), dim=-1).gather(1, torch.tensor(response)[:, None]).flatten()
+        gaps += (torch.tensor(out.response_logprobs) - want).abs().tolist()
+    return sum(gaps) / len(gaps), max(gaps)
+
+
+async def measure(kind: str, model: str, args: Any, reference: Any = None) -> list[dict[str, Any]]:
     engine = _engine(kind, model, args)
     started = time.perf_counter()
     await engine.start() if kind == "vllm" else await asyncio.to_thread(engine.load)
@@ -71,6 +105,10 @@ async def measure(kind: str, model: str, args: Any) -> list[dict[str, Any]]:
         for concurrency in args.concurrency:
             runs = [await _burst(engine, concurrency, args.max_tokens) for _ in range(args.repeat)]
             rows.append(median_row(f"{kind}-{concurrency}", "tokens_per_s", runs))
+        if reference is not None:
+            mean, worst = await _parity(engine, reference, args.parity)
+            rows.append({"case": f"{kind}-{args.dtype}", "metric": "logprob_gap_mean", "value": round(mean, 8)})
+            rows.append({"case": f"{kind}-{args.dtype}", "metric": "logprob_gap_max", "value": round(worst, 8)})
     finally:
         await engine.close()
     return rows
@@ -105,14 +143,16 @@ def main() -> None:
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     parser.add_argument("--vllm-python", default=None, help="the interpreter with vLLM (default: .venv-vllm)")
     parser.add_argument("--rollout", action="store_true", help="also time one calc_smol step's rollouts per engine")
+    parser.add_argument("--parity", type=int, default=8, help="answers scored by the trainer's forward (0: none)")
     args = parser.parse_args()
     from alight.models.sources import prepare_model
 
     model = str(prepare_model(args.model)) if args.model != "tiny" else "tiny"
     cases = args.cases.split(",")
     results: list[dict[str, Any]] = []
+    reference = _reference(model) if args.parity else None
     for kind in cases:
-        results += asyncio.run(measure(kind, model, args))
+        results += asyncio.run(measure(kind, model, args, reference))
     for concurrency in args.concurrency:
         rows = {r["case"]: r["value"] for r in results}
         if f"embedded-{concurrency}" in rows and f"vllm-{concurrency}" in rows and rows[f"embedded-{concurrency}"]:

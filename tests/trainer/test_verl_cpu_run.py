@@ -41,6 +41,8 @@ def test_two_calc_steps_with_verls_workers_on_cpu(tmp_path: Path, monkeypatch: p
     trained = [s for s in steps if "actor/loss" in s]
     assert [s["weights_version"] for s in trained] == [1, 2]  # the engine served each export
     assert all("actor/entropy" in s and s["timing/update_s"] > 0 for s in trained)
+    # the embedded engine serves verl's export (fp32 both): its recorded log-probs are the actor's
+    assert all(s["actor/logprob_gap_mean"] < 1e-3 and s["actor/logprob_gap_max"] < 1e-2 for s in trained), trained
     served = load_file(str(run / "backend" / "policy" / "model.safetensors"))  # what verl's actor exported
     (checkpoint,) = [p for p in (run / "checkpoints").iterdir() if p.is_dir()]
     assert json.loads((checkpoint / "verl" / "state.json").read_text()) == {"steps": 2}

@@ -45,3 +45,19 @@ def test_calc_trains_on_a_vllm_server_alight_started(
         if mode == "async" and m["step"] > 1 and "actor/logprob_gap_mean" not in m:
             continue  # every row stale (served by older weights): the gap is measured on fresh rows only
         assert m["actor/logprob_gap_mean"] < GAP_MEAN and m["actor/logprob_gap_max"] < GAP_MAX, m
+
+
+def test_the_documented_command_names_the_vllm_venv() -> None:
+    """docs/gpu.md's command resolves to the vLLM engine in the venv README's test command builds."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    args = ["train", "configs/calc_smol.yaml", "engine.kind=vllm", "+engine.options.python=.venv-vllm/bin/python"]
+    done = subprocess.run(
+        [sys.executable, "-m", "alight", *args, "--cfg"], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    engine = yaml.safe_load(done.stdout)["engine"]
+    assert engine["kind"] == "vllm" and engine["options"] == {"python": ".venv-vllm/bin/python"}

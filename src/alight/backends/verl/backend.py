@@ -227,12 +227,15 @@ class VerlBackend(FactoryDefaults):
         from alight.backends.verl import correction
         from alight.backends.verl.batch import to_data_proto
 
+        engine_rows = batch.has_old_log_probs if batch.stale is None else batch.has_old_log_probs & ~batch.stale
+        engine_rows = engine_rows.clone()
         self._fill_old_log_probs(batch)
         correction.proximal_log_probs(batch, self._actor_log_probs)
         data = to_data_proto(batch, temperature=self.temperature)
         metrics = dict(correction.ON_POLICY_METRICS)
         if batch.proximal_log_probs is not None:
             metrics = correction.apply(data, batch.proximal_log_probs, self.verl_config)
+        metrics.update(self._log_prob_gap(batch, engine_rows))
         if self.use_ref:
             data.batch["ref_log_prob"] = self._log_probs(data, reference=True)
         if self.use_critic:
@@ -287,6 +290,20 @@ class VerlBackend(FactoryDefaults):
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     # -- the steps --------------------------------------------------------------------------------
+    def _log_prob_gap(self, batch: TransitionBatch, engine_rows: torch.Tensor) -> dict[str, float]:
+        """|engine - actor| log-prob over the tokens of the fresh rows the engine recorded, the actor's
+        from a forward before the update (as verl's own loop recomputes its old log-probs)."""
+        from alight.backends.losses import log_prob_gap
+
+        rows = engine_rows.nonzero().flatten().tolist()
+        if not rows:
+            return {}
+        part = batch.select(rows)
+        total, worst, tokens = log_prob_gap(self._actor_log_probs(part), part.old_log_probs, part.response_mask)
+        if not tokens:
+            return {}
+        return {"actor/logprob_gap_mean": total / tokens, "actor/logprob_gap_max": worst}
+
     def _fill_old_log_probs(self, batch: TransitionBatch) -> None:
         """Rows recorded without the engine's log-probs get the actor's (before any update)."""
         missing = (~batch.has_old_log_probs).nonzero().flatten().tolist()
