@@ -115,16 +115,18 @@ async def measure(kind: str, model: str, args: Any, reference: Any = None) -> li
 
 
 def rollout_time(kind: str, args: Any) -> dict[str, Any]:
-    """One calc_smol step's rollouts (no warm start, no update): `timing/rollout_s` of step 1."""
+    """One calc_smol step's rollouts (no warm start, each engine in `--dtype`): `timing/rollout_s` of step 1."""
     import json
     import tempfile
 
     from alight.config import load_config, to_object
     from alight.trainer import Trainer
 
+    dtype = f"{'engine' if kind == 'embedded' else '+engine.options'}.dtype={args.dtype}"
     overrides = [
-        f"engine.kind={kind}", "warm_start.steps=0", "trainer.steps=1", "trainer.val_every=0", "trainer.save_every=0",
-        "logging.dashboard=false", f"trainer.output_dir={tempfile.mkdtemp(prefix='engine-bench-')}",
+        f"engine.kind={kind}", "warm_start.steps=0", dtype, "trainer.steps=1", "trainer.val_every=0",
+        "trainer.save_every=0", "logging.dashboard=false",
+        f"trainer.output_dir={tempfile.mkdtemp(prefix='engine-bench-')}",
     ]  # fmt: skip
     if kind == "vllm":
         overrides += [f"+engine.options.python={_vllm_python(args.vllm_python)}", "+engine.options.kv_cache_gib=2"]
@@ -132,7 +134,7 @@ def rollout_time(kind: str, args: Any) -> dict[str, Any]:
     result = Trainer(cfg).fit()
     lines = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     step = next(m for m in lines if m["step"] == 1)
-    return median_row(f"{kind}-calc_smol_step", "rollout_s", [step["timing/rollout_s"]])
+    return median_row(f"{kind}-{args.dtype}-calc_smol_step", "rollout_s", [step["timing/rollout_s"]])
 
 
 def main() -> None:

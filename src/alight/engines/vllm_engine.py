@@ -209,10 +209,10 @@ class VLLMEngine(Engine):
         seed: int | None = 0,
         logprobs_mode: str | None = "processed_logprobs",  # log-probs after temperature, like the embedded engine
         chat_template: str = "auto",  # as the embedded engine's (see alight.models.chat_templates)
-        enforce_eager: bool | None = None,
+        enforce_eager: bool | None = None,  # no CUDA graphs / compilation; None: on for the CPU build (~30 s start)
         # how new weights load: in_place (/collective_rpc reload_weights) or restart; auto: restart on the CPU
         # build, whose in-place reload leaves the output layer (lm_head) computing with the old weights
-        reload: str = "auto",  # no CUDA graphs / compilation; None: on for the CPU build (starts in ~30 s)
+        reload: str = "auto",
         sleep_mode: bool | None = None,  # free the GPU while a colocated trainer updates; None: on a GPU only
         sleep_level: int = 1,  # 1: weights to CPU RAM, KV cache freed; 2: both freed, weights re-read on wake-up
         extra_args: Sequence[str] = (),  # more server arguments, verbatim
