@@ -16,6 +16,17 @@ from typing import Any, Literal
 TokenIdsSource = Literal["engine", "tokenizer", "none"]
 
 
+#: The sampling settings every engine applies unless a request sets them: no top-k, min-p or penalty.
+#: Recorded log-probs are then log_softmax(logits / T) over the whole vocabulary, the trainer's.
+NEUTRAL_SAMPLING: dict[str, Any] = {
+    "top_k": -1,  # -1: off (vLLM 0.32 prefers 0, older releases refuse it)
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
 @dataclass
 class SamplingParams:
     """Sampling settings of one request (OpenAI names)."""

@@ -21,6 +21,7 @@ from typing import Any
 from alight.chat_template import render_prompt
 from alight.engines.agent_adapters import AgentAdapters
 from alight.engines.base import (
+    NEUTRAL_SAMPLING,
     ChatRequest,
     CompletionRequest,
     Engine,
@@ -386,11 +387,7 @@ def sampled_with(sequence: Sequence) -> dict[str, Any]:
     return {
         "temperature": sequence.temperature,
         "top_p": sequence.top_p,
-        "top_k": -1,
-        "min_p": 0.0,
-        "repetition_penalty": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
+        **NEUTRAL_SAMPLING,
         "max_tokens": sequence.max_new_tokens,
     }
 

@@ -44,7 +44,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from alight.engines.base import ChatRequest, CompletionRequest, Engine, Generation, SamplingParams
+from alight.engines.base import (
+    NEUTRAL_SAMPLING,
+    ChatRequest,
+    CompletionRequest,
+    Engine,
+    Generation,
+    SamplingParams,
+)
 from alight.engines.openai_response import generation_from_response, optional_sampling
 from alight.engines.toolcalls import assistant_message, validate_tools
 from alight.engines.vllm_server import (
@@ -72,15 +79,6 @@ END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>")
 SLEEP_LEVELS = (1, 2)
 RELOADS = ("auto", "in_place", "restart")
 GPU_MEMORY_UTILIZATION = 0.5  # the default share of the GPU's memory a started server takes
-#: Sampling settings sent with every request unless it sets them itself: no cut and no penalty, so the
-#: model's generation_config.json (vLLM's default source for them) cannot change what is sampled.
-NEUTRAL_SAMPLING: dict[str, Any] = {
-    "top_k": -1,  # -1: off on every vLLM release (0.32 prefers 0, older ones refuse it)
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-}
 # vLLM's context-length refusals: the limit, and the prompt's tokens where it says them
 _LIMIT = re.compile(r"maximum context length is (\d+) tokens")
 _PROMPT = re.compile(r"(\d+) in the messages|(\d+) input tokens|prompt contains at least (\d+)")
@@ -94,7 +92,7 @@ def _body(sampling: SamplingParams, served_name: str, extra: dict[str, Any], **f
         **fields,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
-        **NEUTRAL_SAMPLING,
+        **NEUTRAL_SAMPLING,  # sent, so the model's generation_config.json cannot change them
         "return_token_ids": True,
         "skip_special_tokens": False,
     }
