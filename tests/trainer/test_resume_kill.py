@@ -118,7 +118,9 @@ def test_a_signal_writes_a_checkpoint_and_resume_goes_on(tmp_path: Path, sig: si
     no_periodic_checkpoint = "trainer.save_every=0"  # only the last step's, and the one the signal writes
     first, _ = run_until_step(run_dir, 2, no_periodic_checkpoint)
     try:
-        time.sleep(0.7)  # inside step 3: waiting for rollouts or updating
+        # inside step 3 (waiting for rollouts or updating): a step of this run takes ~0.2 s on an idle
+        # machine, so a longer wait lets steps 3-5 finish first (0.7 s did, on 2 cores at rest)
+        time.sleep(0.05)
         os.kill(first.pid, sig)  # the trainer only, as a process manager would
         out, err = first.communicate(timeout=120)
     finally:

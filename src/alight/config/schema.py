@@ -271,6 +271,9 @@ class TrainerConfig:
     # updated; no more work is enqueued than this allows (0: the synchronous algorithm)
     max_staleness: int = 1
     on_stale: str = "drop"  # async: a group over the bound is dropped | requeue (its tasks run again)
+    # log actor/logprob_gap_{mean,max} (engine vs trainer log-probs); free on the embedded backend, one
+    # more actor forward a step on verl (as verl's own loop recomputes old log-probs)
+    log_prob_gap: bool = True
 
 
 @dataclass

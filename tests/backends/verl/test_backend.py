@@ -226,9 +226,12 @@ def models(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[An
     return actor, reference
 
 
-def config(**algorithm: Any) -> ExperimentConfig:
+def config(*, log_prob_gap: bool = False, **algorithm: Any) -> ExperimentConfig:
+    """The tests' config; the log-prob gap's extra actor forward is off unless a test measures it."""
     algorithm.setdefault("micro_batch_size", 1)  # padding to the world only; micro sizes: their own test
-    return ExperimentConfig(algorithm=AlgorithmConfig(**algorithm))
+    cfg = ExperimentConfig(algorithm=AlgorithmConfig(**algorithm))
+    cfg.trainer.log_prob_gap = log_prob_gap
+    return cfg
 
 
 def make(cfg: ExperimentConfig, tiny_dir: Path, models: tuple[Any, Any], work_dir: Path) -> tuple[VerlBackend, Cluster]:
@@ -330,6 +333,32 @@ def test_kl_with_lora_uses_the_actor_with_adapters_off(tiny_dir: Path, models: A
     (data,) = cluster.actor.inputs["compute_log_prob"]
     assert tu.get(data, "no_lora_adapter") is True
     assert "ref_log_prob" in cluster.actor.inputs["update_actor"][0].keys()  # noqa: SIM118
+
+
+def test_the_log_prob_gap_is_the_engines_against_the_actors_before_the_update(
+    tiny_dir: Path, models: Any, tmp_path: Path
+) -> None:
+    """One actor forward of the fresh rows the engine recorded (not of the rows it did not, nor the
+    stale ones), before the update; |engine - actor| over their response tokens."""
+    cfg = config(log_prob_gap=True)
+    cfg.trainer.mode = "async"
+    backend, cluster = make(cfg, tiny_dir, models, tmp_path)
+    batch = batch_of(6, missing=(2,))
+    actor = forward_log_probs(models[0], batch)
+    batch.old_log_probs[0] = (actor[0] + 0.25) * batch.response_mask[0]  # the engine 0.25 off on row 0
+    batch.old_log_probs[3] = actor[3] * batch.response_mask[3]
+    batch.mark_stale({"ro-5"})
+    engine = batch.old_log_probs.clone()
+    metrics = backend.update(batch)
+
+    fresh = [0, 1, 3, 4]  # recorded by the engine and not stale
+    asked = cluster.actor.inputs["compute_log_prob"]
+    assert [len(a) for a in asked] == [2, 2, 4]  # row 2's missing log-probs, stale row 5, the 4 fresh rows
+    mask = batch.response_mask.bool()
+    gaps = torch.cat([(engine[r] - actor[r]).abs()[mask[r]] for r in fresh])
+    assert metrics["actor/logprob_gap_mean"] == pytest.approx(float(gaps.mean()), abs=1e-5)
+    assert metrics["actor/logprob_gap_max"] == pytest.approx(float(gaps.max()), abs=1e-5)
+    assert float(gaps.max()) >= 0.25 - 1e-5  # row 0's offset is seen
 
 
 def test_rows_without_engine_log_probs_get_the_actors(tiny_dir: Path, models: Any, tmp_path: Path) -> None:

@@ -235,7 +235,8 @@ class VerlBackend(FactoryDefaults):
         metrics = dict(correction.ON_POLICY_METRICS)
         if batch.proximal_log_probs is not None:
             metrics = correction.apply(data, batch.proximal_log_probs, self.verl_config)
-        metrics.update(self._log_prob_gap(batch, engine_rows))
+        if self.cfg.trainer.log_prob_gap:
+            metrics.update(self._log_prob_gap(batch, engine_rows))
         if self.use_ref:
             data.batch["ref_log_prob"] = self._log_probs(data, reference=True)
         if self.use_critic:
