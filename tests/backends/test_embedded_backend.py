@@ -456,3 +456,24 @@ def test_the_backend_settings_are_checked_before_any_model_loads(tmp_path: Path)
 
     with pytest.raises(ConfigError, match=r"algorithm\.lr"):
         check_backend(ExperimentConfig(algorithm=AlgorithmConfig(lr=-1.0)))
+
+
+def test_the_log_prob_gap_is_the_engines_against_the_policy_on_fresh_recorded_rows(tiny_dir: Path) -> None:
+    """Row 0 recorded 0.25 off, row 1 exact, row 2 stale (1.0 off: not counted), row 3 without
+    log-probs (the policy's own: not counted); measured on the weights that served them."""
+    b = backend(tiny_dir)
+    rows = transitions([1.0, -1.0, 0.5, -0.5])
+    current = on_policy_logprobs(b, rows)
+    recorded: list[list[float] | None] = [
+        [v + 0.25 for v in current[0]],
+        current[1],
+        [v - 1.0 for v in current[2]],
+        None,
+    ]
+    batch = batch_of(transitions([1.0, -1.0, 0.5, -0.5], logprobs=recorded))
+    batch.mark_stale({"ro-2"})
+    metrics = b.update(batch)
+    n0, n1 = len(rows[0].response_ids), len(rows[1].response_ids)
+    assert metrics["actor/logprob_gap_mean"] == pytest.approx(0.25 * n0 / (n0 + n1), abs=1e-4)
+    assert metrics["actor/logprob_gap_max"] == pytest.approx(0.25, abs=1e-4)
+    assert set(batch.meta) == set(batch_of(rows).meta)  # the update leaves the batch's metadata as it was

@@ -263,6 +263,7 @@ class EmbeddedBackend(FactoryDefaults):
                 for key, value in result.items():
                     sums[key] = sums.get(key, 0.0) + value
                 steps += 1
+        del batch.meta[ENGINE_ROWS]
         metrics = {key: value / steps for key, value in sums.items()} if steps else {}
         metrics["actor/optimizer_steps"] = float(steps)
         if self._gap[2]:
