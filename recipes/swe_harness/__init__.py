@@ -72,12 +72,12 @@ def drive(
         prompt = prompt_of(json.loads(Path(os.environ["ALIGHT_TASK_FILE"]).read_text()))
     except (OSError, ValueError) as err:
         return _refuse(name, f"bad task: {err}")
-    if not cli.is_file():
-        return _refuse(name, f"no {program} at {cli}: run recipes/{name}/install.sh")
     if args.instructions is not None and not Path(args.instructions).is_file():
         return _refuse(name, f"--instructions {args.instructions}: no such file")
     if args.max_output_tokens is not None and args.max_output_tokens < 1:
         return _refuse(name, f"--max-output-tokens {args.max_output_tokens}: not a positive number")
+    if not cli.is_file():  # after the arguments: a bad option is named whether or not the CLI is installed
+        return _refuse(name, f"no {program} at {cli}: run recipes/{name}/install.sh")
     args.instructions = str(Path(args.instructions).resolve()) if args.instructions else None
     with tempfile.TemporaryDirectory(prefix=f"alight-{name}-home-") as home:
         argv, env = launch(str(cli), prompt, dict(os.environ), home, args)

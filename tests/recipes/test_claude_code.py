@@ -70,7 +70,9 @@ def test_max_output_tokens_sets_claude_codes_own_limit_only_when_given() -> None
 
 
 def test_a_max_output_tokens_below_1_is_exit_status_2(tmp_path: Path) -> None:
-    done = runs.run_driver(DRIVER, tmp_path, {"problem_statement": "x"}, ENV, "--max-output-tokens", "0")
+    """Named whether or not the CLI is installed (here it is not: an empty --install-dir)."""
+    args = ("--install-dir", str(tmp_path), "--max-output-tokens", "0")
+    done = runs.run_driver(DRIVER, tmp_path, {"problem_statement": "x"}, ENV, *args)
     assert done.returncode == 2 and done.stderr == "claude_code: --max-output-tokens 0: not a positive number\n"
 
 

@@ -88,10 +88,11 @@ def test_bad_input_is_one_line_and_exit_status_2(
     assert done.stderr.startswith("codex_cli: ")
 
 
-@CODEX.installed()
 def test_a_missing_instructions_file_is_exit_status_2(tmp_path: Path) -> None:
+    """Named whether or not the CLI is installed (here it is not: an empty --install-dir)."""
     env = {"OPENAI_BASE_URL": "u", "OPENAI_API_KEY": "k", "ALIGHT_MODEL": "m"}
-    done = run_driver(DRIVER, tmp_path, {"problem_statement": "x"}, env, "--instructions", "no-such.md")
+    args = ("--install-dir", str(tmp_path), "--instructions", "no-such.md")
+    done = run_driver(DRIVER, tmp_path, {"problem_statement": "x"}, env, *args)
     assert done.returncode == 2 and done.stderr == "codex_cli: --instructions no-such.md: no such file\n"
 
 
