@@ -142,3 +142,54 @@ class CutModel(CodingModel):
             return answer
         cut = "I changed the"
         return self._generation(request.messages, cut, {"role": "assistant", "content": cut}, "length")
+
+
+# -- a trainable policy that is sometimes coached ---------------------------------------------------
+
+#: Where a harness names the attempt's working copy: Claude Code's system reminder, Codex's environment context.
+WORKDIR = re.compile(r"Primary working directory: (\S+)|<cwd>([^<]+)</cwd>")
+
+
+def coached_engine(coach: CodingModel) -> type[Any]:
+    """An EmbeddedEngine class (real weights, which the run trains and reloads) coached on a harness's
+    attempts, in the order their working copies first reach it: the 1st, 3rd, ... take `coach`'s
+    answers (they fix the task); the 2nd, 4th, ... the answers of a coach that knows no fix (it sums
+    up at once: the task stays unfixed). In a train group of two, one attempt fixes the task and one
+    does not, so the rewards differ and the update moves the policy. A coached answer is recorded as
+    the engine's own would be: the prompt's token ids from the model's chat template (a prompt past
+    the context fails), the answer's from its tokenizer (end token included), no log-probs (the
+    trainer computes them), the serving weights' version. `calls` counts them."""
+    from alight.engines.base import TextDelta
+    from alight.engines.embedded import EmbeddedEngine
+
+    idle = CodingModel(coach.harness, [])
+
+    class CoachedEngine(EmbeddedEngine):
+        seen: dict[str, int] = {}  # noqa: RUF012 -- working copy -> its place, shared by the run's one engine
+        calls = 0
+
+        def _coach(self, request: ChatRequest) -> CodingModel:
+            found = WORKDIR.search("\n".join(_text(m) for m in request.messages))
+            assert found, "the harness names the attempt's working copy"
+            place = self.seen.setdefault(found.group(1) or found.group(2), len(self.seen))
+            return coach if place % 2 == 0 else idle
+
+        async def chat(self, request: ChatRequest) -> Generation:
+            type(self).calls += 1
+            sequence, _ = await self._prepare_chat(request)
+            answer = await self._coach(request).chat(request)
+            ids = [*self.tokenizer.encode(answer.text, add_special_tokens=False), self.tokenizer.eos_token_id]
+            return Generation(
+                model=self.model_names[0], text=answer.text, message=answer.message,
+                finish_reason=answer.finish_reason, prompt_token_ids=list(sequence.prompt_ids),
+                response_token_ids=ids, prompt_tokens=len(sequence.prompt_ids), completion_tokens=len(ids),
+                weights_version=self.weights_version,
+            )  # fmt: skip
+
+        async def chat_stream(self, request: ChatRequest) -> Any:
+            answer = await self.chat(request)
+            if answer.message.get("content"):
+                yield TextDelta(answer.message["content"])
+            yield answer
+
+    return CoachedEngine

@@ -21,8 +21,8 @@ import pytest
 from alight import semconv
 from alight.entrypoints import resolve_entrypoint
 from alight.types import RolloutStatus, Span, SpanKind
-from tests.recipes.harness_model import CodingModel, CutModel
-from tests.recipes.train_runs import check_two_steps_of_train
+from tests.recipes.harness_model import CodingModel, CutModel, coached_engine
+from tests.recipes.train_runs import check_the_run
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS_FILE = REPO / "recipes" / "swe_tasks" / "tasks.jsonl"
@@ -256,9 +256,62 @@ def check_a_cut_answer_ends_the_episode(harness: Harness, where: Path) -> None:
     assert done.returncode != 0 and "episode ends here" not in done.stderr, done.stderr[-2000:]
 
 
-def check_two_steps_of_embedded_train(harness: Harness, where: Path) -> None:
-    """`alight train` on the recipe's config, 2 steps of 1 task x 2 attempts (README's figures are of
-    2 tasks), the embedded SmolLM2 (untrained: its answers are cut at the config's max_tokens, which
-    ends each episode; the hidden tests score what is left)."""
-    overrides = ["trainer.batch_size=1", "trainer.group_size=2", "trainer.val_size=1"]
-    check_two_steps_of_train(harness.config, harness.name, where / "run", overrides, timeout_s=1700)
+def check_training_updates_the_policy(harness: Harness, where: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`alight train` on the recipe's config in this process (`Trainer.fit`, as the CLI runs it), 2
+    steps of 1 task x 2 attempts, the real CLI in the local sandbox and the tests reward, on a policy
+    that learns: the embedded tiny model (its context stretched to the harnesses' ~25k-byte prompts;
+    trained on each prompt's last 256 tokens), coached (`coached_engine`): in each step's group one
+    attempt fixes the task (reward 1) and one leaves it (reward below 1), so the update takes an
+    optimizer step, the weights move and the next step's calls are served by them. (The engine's
+    own generation on the harnesses' prompts, cut at max_tokens, is `check_a_cut_answer_ends_the_episode`'s
+    and tests/integration's.)"""
+    from safetensors.torch import load_file
+
+    from alight.config.loading import load_config, to_object
+    from alight.engines import factory
+    from alight.models.tiny import build_tiny_model
+    from alight.store.sqlite import SqliteStore
+    from alight.trainer import Trainer
+    from alight.types import RolloutMode
+
+    policy = build_tiny_model(where / "policy", max_position_embeddings=32768)
+    engine = coached_engine(CodingModel(harness.plays, load_tasks()))
+    kinds = factory._engine_class
+    monkeypatch.setattr(factory, "_engine_class", lambda kind: engine if kind == "embedded" else kinds(kind))
+    monkeypatch.chdir(REPO)
+    overrides = [
+        f"engine.model={policy}", "engine.sampling.max_tokens=8", "adapter.max_prompt_length=256",
+        "trainer.steps=2", "trainer.batch_size=1", "trainer.group_size=2", "trainer.val_size=1",
+        "trainer.save_every=1", "trainer.keep_checkpoints=3", f"trainer.output_dir={where / 'runs'}",
+        "logging.dashboard=false", "logging.plot=false",
+    ]  # fmt: skip
+    result = Trainer(to_object(load_config(harness.config, overrides))).fit()
+    check_the_run(result.run_dir, harness.name, per_step=2)
+
+    metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["actor/optimizer_steps"] >= 1 for m in metrics[1:]), metrics
+    assert engine.calls >= 3 * 3 + 3 * 1  # 3 calls a fix (first val, 2 train), 1 a summary (2 train, last val)
+
+    async def train_rollouts() -> list[tuple[Any, list[Span]]]:
+        store = SqliteStore(result.run_dir / "store.db")
+        try:
+            rollouts = await store.list_rollouts(mode=RolloutMode.TRAIN)
+            return [(r, await store.query_spans(r.rollout_id)) for r in rollouts]
+        finally:
+            await store.close()
+
+    by_group: dict[str | None, list[tuple[Any, list[Span]]]] = {}
+    for rollout, spans in asyncio.run(train_rollouts()):
+        by_group.setdefault(rollout.group_id, []).append((rollout, spans))
+    for step, group in enumerate(sorted(by_group.values(), key=lambda g: g[0][0].created_at), start=1):
+        rewards = sorted(rollout.reward for rollout, _ in group)
+        assert rewards[0] < rewards[1] == 1.0, (step, rewards)  # one attempt fixed the task, one did not
+        versions = {
+            s.attributes.get(semconv.RESOURCES_VERSION) for _, spans in group for s in spans if s.kind == SpanKind.LLM
+        }
+        assert versions == {step - 1}, (step, versions)  # step 2's calls were served by step 1's update
+    first, trained = (
+        load_file(str(policy / "model.safetensors")),
+        load_file(str(result.run_dir / "checkpoints" / "step_000002" / "model.safetensors")),
+    )
+    assert any(not first[name].equal(trained[name]) for name in first)

@@ -129,7 +129,9 @@ def test_an_answer_cut_at_max_tokens_ends_the_episode_and_a_missing_model_fails_
 
 @CLAUDE.installed()
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_alight_train_runs_two_steps_with_the_embedded_engine(tmp_path: Path) -> None:
-    """The CLI, the embedded SmolLM2 (untrained), Claude Code in the local sandbox, the tests reward."""
-    runs.check_two_steps_of_embedded_train(CLAUDE, tmp_path)
+def test_alight_train_updates_the_policy_on_groups_whose_rewards_differ(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 steps of `alight train` on the recipe's config: Claude Code in the local sandbox, the tests reward,
+    the embedded tiny model coached on one attempt of each group (see check_training_updates_the_policy)."""
+    runs.check_training_updates_the_policy(CLAUDE, tmp_path, monkeypatch)

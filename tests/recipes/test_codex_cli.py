@@ -21,7 +21,7 @@ from tests.recipes.harness_runs import (
     check_a_cut_answer_ends_the_episode,
     check_the_fix_through_the_proxy,
     check_the_hidden_tests_decide,
-    check_two_steps_of_embedded_train,
+    check_training_updates_the_policy,
     first_call_with_short_instructions,
     run_driver,
 )
@@ -143,7 +143,9 @@ def test_an_answer_cut_at_max_tokens_ends_the_episode_and_a_missing_model_fails_
 
 @CODEX.installed()
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_alight_train_runs_two_steps_with_the_embedded_engine(tmp_path: Path) -> None:
-    """The CLI, the embedded SmolLM2 (untrained), Codex in the local sandbox, the tests reward."""
-    check_two_steps_of_embedded_train(CODEX, tmp_path)
+def test_alight_train_updates_the_policy_on_groups_whose_rewards_differ(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 steps of `alight train` on the recipe's config: Codex in the local sandbox, the tests reward,
+    the embedded tiny model coached on one attempt of each group (see check_training_updates_the_policy)."""
+    check_training_updates_the_policy(CODEX, tmp_path, monkeypatch)
