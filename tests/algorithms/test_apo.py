@@ -1,5 +1,6 @@
-"""APO's pure parts as tables: reading the optimiser's answer, checking candidates, the beam,
-trace rendering, and the search itself with an in-memory `evaluate` (the real-stack run is in
+"""APO's pure parts as tables: reading the optimiser's answer, checking candidates (the length
+limit on both sides), scoring a prompt from its rollouts (failed ones count 0), the beam, trace
+rendering, and the search itself with an in-memory `evaluate` (the real-stack run is in
 tests/trainer/test_apo_loop.py)."""
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from alight.algorithms.apo import (
     render_trace,
     select_beam,
 )
+from alight.algorithms.apo.checks import check_apo
+from alight.config.schema import ApoConfig
+from alight.errors import ConfigError
+from alight.trainer.loops.apo import score_prompts
+from alight.types import Rollout, RolloutStatus, Task
 from tests.fixtures.apo import ScriptedOptimizer, prompt_score
 
 
@@ -47,6 +53,7 @@ def test_parse_candidates(answer: str, n: int, expected: list[str]) -> None:
         ("Solve {question} carefully", "Solve {question}", None),
         ("Be brief.", "", None),
         ("", "Solve {question}", "empty prompt"),
+        ("x" * 10, "p", None),  # exactly the limit: accepted
         ("x" * 11, "p", "longer than 10 characters (11)"),
         (" Solve {question} ", "Solve {question}", "same as its parent"),
         ("Solve\x00 {question}", "Solve {question}", "holds control characters"),
@@ -133,6 +140,51 @@ def test_the_search_with_a_deterministic_evaluator() -> None:
         ("Go on", 0.0),
         ("Be careful, step by step", 1.0),
     ]
+
+
+def test_a_prompt_whose_rollouts_failed_scores_them_zero_and_cannot_win_on_fewer_scored_rollouts() -> None:
+    """Prompt A's one succeeded rollout earned 1; of its others one failed (with a reward emitted
+    before the crash), one timed out, one never ended. B's four earned 0.5 each. A scores 1/4
+    (failed, timed-out and unfinished count 0, not skipped: skipped, A would score 1 and win)
+    and B, though newer, takes the beam; the failed rollouts are A's lowest (None) for the traces."""
+
+    def ended(rid: str, status: RolloutStatus, reward: float | None) -> Rollout:
+        return Rollout(rollout_id=rid, task=Task(input={"question": rid}), status=status, reward=reward)
+
+    finished = [
+        ended("a0", RolloutStatus.SUCCEEDED, 1.0),
+        ended("a1", RolloutStatus.FAILED, 1.0),
+        ended("a2", RolloutStatus.TIMEOUT, None),
+        *(ended(f"b{i}", RolloutStatus.SUCCEEDED, 0.5) for i in range(4)),
+    ]
+    a, b = score_prompts([["a0", "a1", "a2", "a3"], [f"b{i}" for i in range(4)]], finished)
+    assert (a.score, b.score) == (0.25, 0.5)
+    assert a.rewards == {"a0": 1.0, "a1": None, "a2": None, "a3": None}
+    pool = [Candidate(0, 0, "A", None, score=a.score), Candidate(1, 1, "B", 0, score=b.score)]
+    assert [c.prompt for c in select_beam(pool, 1)] == ["B"]
+
+
+def test_max_prompt_chars_accepts_a_prompt_of_exactly_the_limit_and_refuses_one_more() -> None:
+    """The limit is inclusive in the search (a candidate of 20 characters is scored, 21 refused
+    unscored) and in the config check of the initial prompt."""
+    at, over = "Go " + "x" * 17, "Go " + "y" * 18
+    assert (len(at), len(over)) == (20, 21)
+
+    async def evaluate(prompts: Sequence[str], round_: int, split: str) -> list[Scored]:
+        return [Scored(0.5, {f"{p}#0": 0.5}) for p in prompts]
+
+    async def traces(rewards: Mapping[str, float | None]) -> list[str]:
+        return list(rewards)
+
+    settings = SearchSettings(rounds=1, beam_width=1, candidates=2, max_prompt_chars=20)
+    search = PromptSearch(settings, ScriptedOptimizer({"Go": [at, over]}), evaluate, traces)
+    asyncio.run(search.run("Go"))
+    made = {c.prompt: c for c in search.history[1:]}
+    assert made[at].error is None and made[at].score == 0.5
+    assert made[over].error == "longer than 20 characters (21)" and made[over].score is None
+    check_apo(ApoConfig(prompt="p" * 20, max_prompt_chars=20))
+    with pytest.raises(ConfigError, match=r"longer than algorithm\.apo\.max_prompt_chars=20"):
+        check_apo(ApoConfig(prompt="p" * 21, max_prompt_chars=20))
 
 
 def test_the_llm_optimiser_survives_a_failing_model_and_garbage() -> None:

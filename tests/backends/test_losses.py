@@ -198,3 +198,31 @@ def test_the_importance_weight_carries_no_gradient() -> None:
     loss.sum().backward()
     # d/d lp of -A w r = -w e^(lp - prox) with w = e^0.5 a constant
     assert float(lp.grad) == pytest.approx(-math.exp(0.5) * math.exp(0.1), rel=1e-5)
+
+
+# (log p, advantage) -> the gradients by hand with w = e^0.5 (prox 0, behav -0.5) a constant: inside
+# the clip range d/d lp = -A w r and d/d prox = +A w r (r = e^(lp - prox)); ratio clipped: both 0
+@pytest.mark.parametrize(
+    ("lp", "adv", "d_lp", "d_prox"),
+    [
+        (0.1, 1.0, -math.exp(0.5) * math.exp(0.1), math.exp(0.5) * math.exp(0.1)),
+        (-0.1, -2.0, 2.0 * math.exp(0.5) * math.exp(-0.1), -2.0 * math.exp(0.5) * math.exp(-0.1)),
+        (0.3, 1.0, 0.0, 0.0),  # r = e^0.3 > 1.2 with A > 0: the clipped term, flat in the ratio
+    ],
+    ids=["inside_the_range", "inside_the_range_negative_advantage", "ratio_clipped"],
+)
+def test_the_proximal_log_probs_get_gradient_only_through_the_ratio_and_the_behaviour_ones_none(
+    lp: float, adv: float, d_lp: float, d_prox: float
+) -> None:
+    """With every input requiring grad, the weight min(p_prox / p_behav, cap) is a constant: the
+    proximal log-probs get only the ratio's gradient (a weight carrying gradient would add -A r w
+    and cancel it inside the clip range, or leave A clip(r) w where the ratio is clipped), and the
+    behaviour log-probs, which enter only the weight, get none."""
+    lp_ = torch.tensor([[lp]], requires_grad=True)
+    prox = torch.tensor([[0.0]], requires_grad=True)
+    behav = torch.tensor([[-0.5]], requires_grad=True)
+    loss, *_ = losses.decoupled_policy_loss(lp_, prox, behav, torch.tensor([[adv]]), 0.2, 0.2, 2.0)
+    loss.sum().backward()
+    assert float(lp_.grad) == pytest.approx(d_lp, rel=1e-5, abs=1e-7)
+    assert float(prox.grad) == pytest.approx(d_prox, rel=1e-5, abs=1e-7)
+    assert behav.grad is None

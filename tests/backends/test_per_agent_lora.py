@@ -73,6 +73,35 @@ def test_an_update_moves_only_the_adapters_of_the_agents_in_the_batch(tiny_dir: 
     assert both["actor/loss"] == pytest.approx((both["actor/writer/loss"] + both["actor/rewriter/loss"]) / 2)
 
 
+def test_with_unequal_rows_each_agent_s_metrics_are_its_own_and_the_totals_weigh_agents_by_rows(
+    tiny_dir: Path,
+) -> None:
+    """Three writer rows, one rewriter row and one row of an agent without an adapter. The adapters
+    start as the base (LoRA's B is 0) and the old log-probs are the policy's, so every ratio is 1
+    and an agent's token-mean loss is -sum(A * response length) / its response tokens, by hand:
+    writer -(2 + 3 - 4) / 9, rewriter +2 / 2. The totals weigh the agents by rows ((3 x -1/9 + 1)
+    / 4 = 1/6, not their plain mean 4/9 nor the mixed rows' -1/11), counts and tokens add up."""
+    shapes = [("writer", 1.0, 2), ("writer", 1.0, 3), ("nobody", 1.0, 5), ("rewriter", -1.0, 2), ("writer", -1.0, 4)]
+    rows = [
+        Transition.unchecked([5, 6, 7 + i], list(range(20, 20 + n)), 1.0, f"ro-{i}", advantage=a, agent_name=agent)
+        for i, (agent, a, n) in enumerate(shapes)
+    ]
+    metrics = backend(tiny_dir).update(TransitionBatch.from_transitions(rows, 0))
+    assert metrics["actor/writer/rows"] == 3 and metrics["actor/rewriter/rows"] == 1
+    assert metrics["actor/rows_without_adapter"] == 1 and metrics["actor/agents_updated"] == 2
+    assert metrics["actor/writer/loss"] == pytest.approx(-1 / 9, abs=1e-5)
+    assert metrics["actor/rewriter/loss"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["actor/loss"] == pytest.approx(1 / 6, abs=1e-5)
+    # tokens forwarded (prompt + response): each agent's own rows, the total their sum
+    assert metrics["actor/writer/update_tokens"] == 3 * 3 + 2 + 3 + 4
+    assert metrics["actor/rewriter/update_tokens"] == 3 + 2
+    assert metrics["actor/update_tokens"] == 9 + 9 + 5
+    assert metrics["actor/optimizer_steps"] == 2
+    for name in ("entropy", "pg_clipfrac", "lr"):  # a per-token or per-step mean: weighted by rows
+        expected = (3 * metrics[f"actor/writer/{name}"] + metrics[f"actor/rewriter/{name}"]) / 4
+        assert metrics[f"actor/{name}"] == pytest.approx(expected), name
+
+
 def test_the_base_model_never_changes_and_is_the_kl_reference(tiny_dir: Path) -> None:
     from safetensors.torch import load_file
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,49 @@ def test_a_packaged_model_whose_wheel_is_missing_names_the_install(monkeypatch: 
     monkeypatch.setitem(PACKAGED, "missing-model", spec)
     with pytest.raises(ConfigError, match="needs the alight-no-such-dist wheel: pip install alight-no-such-dist"):
         prepare_model("missing-model")
+
+
+@pytest.mark.parametrize("by_name", [True, False], ids=["packaged_name", "gguf_path"])
+def test_a_cached_conversion_whose_source_changed_is_converted_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, by_name: bool
+) -> None:
+    """A small fake GGUF file stands in for the packaged model's (its real conversion takes 40 s;
+    the conversion is recorded instead of run). Prepared twice unchanged: converted once (touched,
+    as a reinstalled wheel is: still once). Then the file is rewritten with other bytes of the same
+    size (and a later modification time), then with more bytes: each time the next prepare
+    converts again and serves what the new file holds."""
+    monkeypatch.setitem(sys.modules, "gguf", sys.modules.get("gguf") or types.ModuleType("gguf"))
+    gguf = tmp_path / "wheel" / "Fake.Q4_1.gguf"
+    gguf.parent.mkdir()
+    spec = sources.PackagedModel("fake-dist", "fake/Fake.Q4_1.gguf", "pip install fake-dist", "a fake")
+    monkeypatch.setitem(PACKAGED, "fake-packaged", spec)
+    monkeypatch.setattr(sources, "packaged_gguf", lambda name: gguf)
+    converted: list[bytes] = []
+
+    def fake_conversion(source: Path, out: Path) -> str:
+        converted.append(source.read_bytes())
+        (out / "config.json").write_text(json.dumps({"converted_from": source.read_text()}))
+        return "model"
+
+    monkeypatch.setattr(sources, "_write_conversion", fake_conversion)
+
+    def prepare() -> str:
+        directory = prepare_model("fake-packaged" if by_name else str(gguf), cache_dir=tmp_path / "cache")
+        return str(json.loads((directory / "config.json").read_text())["converted_from"])
+
+    gguf.write_text("GGUF v1")
+    assert (prepare(), prepare()) == ("GGUF v1", "GGUF v1") and len(converted) == 1  # the cache serves
+    before = gguf.stat().st_mtime_ns
+    if by_name:  # a reinstalled wheel: the same bytes, a new time; nothing to convert
+        os.utime(gguf, ns=(before + 10**9, before + 10**9))
+        assert prepare() == "GGUF v1" and len(converted) == 1
+        before += 10**9
+    gguf.write_text("GGUF v2")  # the same size
+    os.utime(gguf, ns=(before + 10**9, before + 10**9))  # later, even on a coarse clock
+    assert prepare() == "GGUF v2" and len(converted) == 2
+    gguf.write_text("GGUF v3, longer")
+    assert prepare() == "GGUF v3, longer" and converted[-1] == b"GGUF v3, longer"
+    assert prepare() == "GGUF v3, longer" and len(converted) == 3
 
 
 def _smol_installed() -> bool:

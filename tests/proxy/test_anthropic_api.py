@@ -1,7 +1,8 @@
 """Anthropic's Messages API (`POST /v1/messages`) through the proxy, spoken by the real `anthropic`
 SDK: the tiny model (token ids on the span, stop reasons, streaming events), `ScriptedEngine` for
 tool use (the untrained tiny model cannot call tools), and bad input answered in Anthropic's error
-shape, which the SDK turns into its own typed errors."""
+shape, which the SDK turns into its own typed errors. The last tests check the translation alone:
+mixed text and tool results, custom tools, several stop sequences."""
 
 from __future__ import annotations
 
@@ -318,3 +319,67 @@ def test_the_llm_resource_gives_anthropic_clients_their_base_url() -> None:
     llm = LLM(model="m", base_url=attempt_base_url("http://127.0.0.1:9/", "ro-1", "at-1"))
     assert llm.anthropic_base_url == "http://127.0.0.1:9/rollout/ro-1/attempt/at-1"
     assert anthropic.Anthropic(base_url=llm.anthropic_base_url, api_key="x").base_url.path.endswith("/at-1/")
+
+
+# -- the translation alone (no server): what the engine is asked, what the answer says ----------------
+def test_a_user_turn_mixing_text_and_tool_results_keeps_its_order_in_the_chat_messages() -> None:
+    """Text before, between and after two tool results: each run of text is one user message
+    (adjacent text blocks joined) and each tool result a `tool` message, in the order sent."""
+    from alight.proxy.anthropic_request import parse_body
+
+    calls = [{"type": "tool_use", "id": f"t{i}", "name": "add", "input": {"a": i, "b": 1}} for i in (1, 2)]
+    turn = [
+        {"type": "text", "text": "Before. "},
+        {"type": "text", "text": "Still before."},
+        {"type": "tool_result", "tool_use_id": "t1", "content": "2"},
+        {"type": "text", "text": "Between."},
+        {"type": "tool_result", "tool_use_id": "t2", "content": [{"type": "text", "text": "3"}]},
+        {"type": "text", "text": "After."},
+    ]
+    body = {"model": "m", "max_tokens": 8, "messages": [*QUESTION, {"role": "assistant", "content": calls}]}
+    request = parse_body({**body, "messages": [*body["messages"], {"role": "user", "content": turn}]}).to_request()
+    assert request.messages[2:] == [
+        {"role": "user", "content": "Before. Still before."},
+        {"role": "tool", "tool_call_id": "t1", "content": "2"},
+        {"role": "user", "content": "Between."},
+        {"role": "tool", "tool_call_id": "t2", "content": "3"},
+        {"role": "user", "content": "After."},
+    ]
+
+
+def test_custom_and_untyped_tools_become_function_tools() -> None:
+    """A tool typed "custom" and one with no type are both client tools: chat function tools with
+    the input schema as parameters (a missing description stays missing)."""
+    from alight.proxy.anthropic_request import parse_body
+
+    mul = {"name": "mul", "input_schema": {"type": "object", "properties": {"x": {"type": "number"}}}}
+    tools = [{"type": "custom", **ADD}, mul]
+    request = parse_body({"model": "m", "max_tokens": 8, "messages": QUESTION, "tools": tools}).to_request()
+    assert request.tools == [
+        {
+            "type": "function",
+            "function": {"name": "add", "description": ADD["description"], "parameters": ADD["input_schema"]},
+        },
+        {"type": "function", "function": {"name": "mul", "parameters": mul["input_schema"]}},
+    ]
+
+
+def test_every_stop_sequence_reaches_the_engine_and_the_answer_names_the_one_that_matched() -> None:
+    """Three stop sequences all go to the engine as `stop`, in order; the answer's stop_sequence is
+    the one the text after the answer begins with (the earliest there), not the first listed."""
+    from alight.engines.base import Generation
+    from alight.proxy.anthropic_api import stop_of
+    from alight.proxy.anthropic_request import parse_body
+
+    stops = ["##", "\n\nHuman:", "END"]
+    body = {"model": "m", "max_tokens": 8, "messages": QUESTION, "stop_sequences": stops}
+    assert parse_body(body).to_request().sampling.stop == stops
+
+    def ended(after: str) -> tuple[str, str | None]:
+        generation = Generation("m", "The sum is 5", {"role": "assistant"}, "stop", response_token_ids=[1, 2, 3])
+        return stop_of(generation, stops, lambda ids: ["The sum ", "is 5", after])
+
+    assert ended("END ## more") == ("stop_sequence", "END")
+    assert ended("##END") == ("stop_sequence", "##")
+    assert ended("\n\nHuman: hi ##") == ("stop_sequence", "\n\nHuman:")
+    assert ended("<|im_end|>") == ("end_turn", None)  # an end-of-turn token, no stop sequence

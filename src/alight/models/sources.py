@@ -141,7 +141,14 @@ def _conversion_key(gguf: Path, name: str | None) -> str:
     return f"{gguf.stem}-{digest}"
 
 
+def _digest(gguf: Path) -> str:
+    with gguf.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def _current(directory: Path, gguf: Path) -> bool:
+    """Whether `directory` holds a conversion of `gguf` as it is now: the same size and either the
+    same modification time or the same bytes (a reinstalled wheel: a new time, nothing to redo)."""
     marker = directory / MARKER_FILE
     if not (marker.is_file() and is_model_dir(directory)):
         return False
@@ -149,7 +156,10 @@ def _current(directory: Path, gguf: Path) -> bool:
         info = json.loads(marker.read_text())
     except ValueError:
         return False
-    return bool(info.get("format") == CONVERSION_FORMAT and info.get("size") == gguf.stat().st_size)
+    stat = gguf.stat()
+    if info.get("format") != CONVERSION_FORMAT or info.get("size") != stat.st_size:
+        return False
+    return bool(info.get("mtime_ns") == stat.st_mtime_ns or info.get("sha256") == _digest(gguf))
 
 
 def convert_gguf(
@@ -181,13 +191,16 @@ def convert_gguf(
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
+        stat, digest = gguf.stat(), _digest(gguf)  # before reading it: a change meanwhile converts again
         template = _write_conversion(gguf, tmp)
         (tmp / MARKER_FILE).write_text(
             json.dumps(
                 {
                     "format": CONVERSION_FORMAT,
                     "source": str(gguf),
-                    "size": gguf.stat().st_size,
+                    "size": stat.st_size,
+                    "mtime_ns": stat.st_mtime_ns,
+                    "sha256": digest,
                     "name": name,
                     "chat_template": template,
                     "converter": "alight.models.sources.convert_gguf",
