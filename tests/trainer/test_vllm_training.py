@@ -34,11 +34,16 @@ def test_calc_trains_on_a_vllm_server_alight_started(
         "+engine.options.kv_cache_gib=1",
         "+engine.options.dtype=float32",
         f"trainer.mode={mode}",
+        f"trainer.steps={1 if mode == 'sync' else 2}",  # async: step 2 trains on rows step 1's weights served
+        "warm_start.steps=0",  # the served weights' gap, not what they know: an untrained model will do
+        "trainer.val_every=0",  # validation at step 0 and the last
+        "data.val_size=2",
     )
     result = Trainer(cfg).fit()
-    assert result.steps == 2 and not result.stopped
+    steps = 1 if mode == "sync" else 2
+    assert result.steps == steps and not result.stopped
     lines = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == [0, 1, 2]
+    assert [m["step"] for m in lines] == list(range(steps + 1))
     for m in lines[1:]:
         assert m["rollouts/succeeded"] >= 1 and m["weights_version"] == m["step"]
         assert m["actor/optimizer_steps"] >= 1
