@@ -141,6 +141,9 @@ def stamp_inputs() -> str:
         text = (ROOT / name).read_text()
         if name.endswith("test_gpu_extras.py"):  # only what says what to resolve: GPU_SETS, PLATFORMS, PIP
             text = repr((GPU_SETS, PLATFORMS, SDIST_ONLY, PIP))
+        elif name == "pyproject.toml":  # only the requirements: a new version or tool setting changes nothing
+            project = tomllib.loads(text)["project"]
+            text = json.dumps([project["dependencies"], project["optional-dependencies"]], sort_keys=True)
         digest.update(f"{name}\0{text}\0".encode())
     return digest.hexdigest()
 
