@@ -30,6 +30,8 @@ GROUPS = {
     ),
     # The GPU sets' pip dry runs share one module-scoped fixture: on one worker they run once.
     "pip": ("tests/test_gpu_extras.py",),
+    # SmolLM2's conversion (~45 s) is a session fixture of this file: on one worker it runs once.
+    "smollm2": ("tests/models/test_sources.py",),
 }
 #: Fixtures that start Ray: their tests join the "ray" group wherever they are.
 RAY_FIXTURES = ("ray_cluster", "verl_ray")
