@@ -35,6 +35,8 @@ GROUPS = {
 }
 #: Fixtures that start Ray: their tests join the "ray" group wherever they are.
 RAY_FIXTURES = ("ray_cluster", "verl_ray")
+#: Where such tests are outside the files of GROUPS: the file, and what their ids hold (the verl rows).
+RAY_ROWS = {"tests/backends/test_conformance.py": "[verl"}
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -102,19 +104,43 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         config.option.dist = "loadgroup"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the node ids
+def group_of(nodeid: str) -> str | None:
+    """The group of `GROUPS` (or "ray", by `RAY_ROWS`) a test id belongs to; None: none."""
+    path, _, name = nodeid.partition("::")
+    for group, prefixes in GROUPS.items():
+        if path.startswith(prefixes):
+            return group
+    return "ray" if path in RAY_ROWS and RAY_ROWS[path] in name else None
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown under -p no:xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadgroup` (the default here) by `group_of`, each other test on its own. xdist's own
+    loadgroup reads the group from a suffix its workers add to the test ids, which pytest 9.2's ids
+    no longer take (`item._nodeid` is gone): with pytest-xdist 3.8 no group held together."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid) or nodeid
+
+    return GroupScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the tests of `GROUPS` (and those using `RAY_FIXTURES`) in their xdist group; on xdist's
-    workers, also hand out the longest work first (the Ray group, then the `slow` tests), so that no
-    long test starts last while the other workers sit idle."""
-    root = Path(__file__).resolve().parents[1]
+    """Mark the tests of `GROUPS` (and `RAY_ROWS`) with their xdist group, as the scheduler groups
+    them (`group_of`), and refuse a test that starts Ray outside the Ray group; on xdist's workers,
+    also hand out the longest work first (the Ray group, then the `slow` tests), so that no long test
+    starts last while the other workers sit idle."""
     for item in items:
-        path = item.path.resolve().relative_to(root).as_posix()
-        for group, prefixes in GROUPS.items():
-            if path.startswith(prefixes):
-                item.add_marker(pytest.mark.xdist_group(group))
-        if any(name in RAY_FIXTURES for name in getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+        group = group_of(item.nodeid)
+        if group is None and any(name in RAY_FIXTURES for name in getattr(item, "fixturenames", ())):
+            raise pytest.UsageError(f"{item.nodeid} starts Ray: put it in the ray group (tests/conftest.py GROUPS)")
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: xdist checks they collect the same
         items.sort(key=_start_order)  # stable: within a rank, the collection order stays
 
