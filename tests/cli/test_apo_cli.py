@@ -12,6 +12,7 @@ import pytest
 
 from alight.algorithms.apo import load_prompt
 from alight.errors import ConfigError
+from tests.cli.in_process import alight_here
 from tests.cli.test_dev_and_trace import alight, write_config
 from tests.fixtures.apo import prompt_score
 from tests.fixtures.openai_server import ScriptedOpenAIServer, answer
@@ -29,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
     ],
 )
 def test_bad_apo_settings_fail_in_one_line_with_exit_code_2(override: str, named: str, tmp_path: Path) -> None:
-    done = alight("train", "configs/calc_apo.yaml", override, f"trainer.output_dir={tmp_path}", "--no-dashboard")
+    done = alight_here("train", "configs/calc_apo.yaml", override, f"trainer.output_dir={tmp_path}", "--no-dashboard")
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], lines
@@ -88,7 +89,7 @@ def test_dev_with_prompt_publishes_it_to_the_agent(tmp_path: Path) -> None:
     assert [r["reward"] for r in report["rollouts"]] == [prompt_score("Be careful")] * 2
     expected = [{"role": "system", "content": f"Be careful with What is {i} + 2?"} for i in range(2)]
     assert sorted(systems, key=str) == expected  # two runners: either order
-    missing = alight("dev", str(config), "--prompt", str(tmp_path / "nope.txt"))
+    missing = alight_here("dev", str(config), "--prompt", str(tmp_path / "nope.txt"))
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
 
 

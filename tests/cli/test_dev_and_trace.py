@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.in_process import alight_here
 from tests.fixtures.openai_server import ScriptedOpenAIServer
 from tests.fixtures.sample_agents import calculator_script
 
@@ -159,7 +160,7 @@ def test_bad_input_fails_in_one_line_before_any_worker_starts(tmp_path: Path, ca
     else:
         config = write_config(tmp_path)
         args = ["runner.nrunners=2"]
-    done = alight("dev", str(config), *args, timeout=60)
+    done = alight_here("dev", str(config), *args)  # in this process: refused before anything starts
     assert done.returncode == 2, (done.stdout, done.stderr)
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and expected in errors[0], done.stderr

