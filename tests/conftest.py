@@ -14,11 +14,14 @@ import pytest
 WORKERS = 3
 #: Test files whose tests run one after another on one worker (`xdist_group`), and why.
 GROUPS = {
-    # One local Ray cluster at a time: each starts a dozen processes and takes the machine's CPUs.
+    # One local Ray cluster per group: each starts a dozen processes. The runner pools' tests...
     "ray": (
         "tests/runner/test_pool_protocol.py",
         "tests/runner/test_ray_pool.py",
         "tests/trainer/test_ray_parity.py",
+    ),
+    # ... and verl's CPU workers' (one cluster for the whole group: tests/backends/conftest.py `verl_ray`).
+    "verl": (
         "tests/trainer/test_verl_cpu_run.py",
         "tests/backends/verl/",
     ),
@@ -33,10 +36,12 @@ GROUPS = {
     # SmolLM2's conversion (~45 s) is a session fixture of this file: on one worker it runs once.
     "smollm2": ("tests/models/test_sources.py",),
 }
-#: Fixtures that start Ray: their tests join the "ray" group wherever they are.
+#: Fixtures that start Ray: a test using one outside a group is refused (put it in one).
 RAY_FIXTURES = ("ray_cluster", "verl_ray")
-#: Where such tests are outside the files of GROUPS: the file, and what their ids hold (the verl rows).
-RAY_ROWS = {"tests/backends/test_conformance.py": "[verl"}
+#: Tests in a group by their ids, outside the files of GROUPS: file -> (what the id holds, the group).
+ROWS = {"tests/backends/test_conformance.py": ("[verl", "verl")}
+#: Groups handed out first, longest first: each is one chain on one worker.
+LONG_GROUPS = ("verl", "vllm", "ray")
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -105,12 +110,14 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 
 def group_of(nodeid: str) -> str | None:
-    """The group of `GROUPS` (or "ray", by `RAY_ROWS`) a test id belongs to; None: none."""
+    """The group of `GROUPS` (or of `ROWS`) a test id belongs to; None: none."""
     path, _, name = nodeid.partition("::")
     for group, prefixes in GROUPS.items():
         if path.startswith(prefixes):
             return group
-    return "ray" if path in RAY_ROWS and RAY_ROWS[path] in name else None
+    if path in ROWS and ROWS[path][0] in name:
+        return ROWS[path][1]
+    return None
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown under -p no:xdist
@@ -131,14 +138,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the tests of `GROUPS` (and `RAY_ROWS`) with their xdist group, as the scheduler groups
-    them (`group_of`), and refuse a test that starts Ray outside the Ray group; on xdist's workers,
-    also hand out the longest work first (the Ray group, then the `slow` tests), so that no long test
-    starts last while the other workers sit idle."""
+    """Mark the tests of `GROUPS` (and `ROWS`) with their xdist group, as the scheduler groups them
+    (`group_of`), and refuse a test that starts Ray outside a group; on xdist's workers, also hand
+    out the longest work first (`LONG_GROUPS`, then the `slow` tests), so that no long test starts
+    last while the other workers sit idle."""
     for item in items:
         group = group_of(item.nodeid)
         if group is None and any(name in RAY_FIXTURES for name in getattr(item, "fixturenames", ())):
-            raise pytest.UsageError(f"{item.nodeid} starts Ray: put it in the ray group (tests/conftest.py GROUPS)")
+            raise pytest.UsageError(f"{item.nodeid} starts Ray: put it in a group (tests/conftest.py GROUPS)")
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: xdist checks they collect the same
@@ -146,7 +153,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _start_order(item: pytest.Item) -> int:
-    """0 for the Ray group, 1 for a `slow` test, 2 for the rest."""
-    if any(mark.args == ("ray",) for mark in item.iter_markers("xdist_group")):
-        return 0
-    return 1 if item.get_closest_marker("slow") else 2
+    """The rank in `LONG_GROUPS` of the item's group; after them, a `slow` test; then the rest."""
+    groups = [mark.args[0] for mark in item.iter_markers("xdist_group") if mark.args]
+    for rank, group in enumerate(LONG_GROUPS):
+        if group in groups:
+            return rank
+    return len(LONG_GROUPS) + (0 if item.get_closest_marker("slow") else 1)
