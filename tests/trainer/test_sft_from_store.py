@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.cli.in_process import alight_here
 from tests.cli.test_dev_and_trace import alight
 from tests.cli.test_dev_eval import even_right_script
 from tests.fixtures.openai_server import ScriptedOpenAIServer
@@ -94,7 +95,7 @@ def test_export_writes_chat_rows_datasets_loads_and_warm_start_turns_back_into_t
 
     before = fingerprint(source_run)
     out = tmp_path / "sft.jsonl"
-    done = alight("trace", str(source_run), "--export-sft", str(out), "--json")
+    done = alight_here("trace", str(source_run), "--export-sft", str(out), "--json")  # in this process
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     # 48 train rollouts (+2 val, excluded), 2 calls each; the 24 right ones' calls are 2 pairs per
@@ -120,11 +121,11 @@ def test_export_writes_chat_rows_datasets_loads_and_warm_start_turns_back_into_t
     assert rebuilt == recorded
 
     # A path without .jsonl is a Hugging Face dataset directory; best_of_group keeps one rollout per group.
-    done = alight("trace", str(source_run), "--export-sft", str(tmp_path / "ds"), "--select", "best_of_group")
+    done = alight_here("trace", str(source_run), "--export-sft", str(tmp_path / "ds"), "--select", "best_of_group")
     assert done.returncode == 0, done.stderr
     assert "wrote 24 chat rows" in done.stdout and datasets.load_from_disk(str(tmp_path / "ds")).num_rows == 24
     # --split val: the validation rollouts (questions 30 and 31, one right)
-    done = alight("trace", str(source_run), "--export-sft", str(tmp_path / "v.jsonl"), "--split", "val", "--json")
+    done = alight_here("trace", str(source_run), "--export-sft", str(tmp_path / "v.jsonl"), "--split", "val", "--json")
     assert json.loads(done.stdout)["rows"] == 2
 
     assert fingerprint(source_run) == before  # nothing written, not even -wal/-shm files
