@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from alight.algorithms import compute_advantages, grpo_advantages, reinforce_pp_advantages, rloo_advantages
@@ -52,6 +52,7 @@ groups_and_rewards = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(items=groups_and_rewards, norm_std=st.booleans())
+@example(items=[(0, 100.0), (0, 99.99999999999999)], norm_std=True)  # the mean rounds to 100.0 (CI, 2026-11-28)
 def test_grpo_advantages_sum_to_zero_within_each_group(items: list[tuple[int, float]], norm_std: bool) -> None:
     groups = [g for g, _ in items]
     rewards = [r for _, r in items]

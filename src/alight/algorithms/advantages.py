@@ -37,6 +37,9 @@ def _centred(rewards: FloatArray, index: npt.NDArray[np.int64], n: int) -> tuple
     counts = np.bincount(index, minlength=n).astype(np.float64)
     means = np.bincount(index, weights=rewards, minlength=n) / np.maximum(counts, 1.0)
     centred = rewards - means[index]
+    # A second pass takes out what rounding the mean left ([100, 100 - 1e-14] has the mean 100.0): the
+    # centred values then sum to 0 within rounding of themselves, not of the rewards.
+    centred -= (np.bincount(index, weights=centred, minlength=n) / np.maximum(counts, 1.0))[index]
     low, high = np.full(n, np.inf), np.full(n, -np.inf)
     np.minimum.at(low, index, rewards)
     np.maximum.at(high, index, rewards)
