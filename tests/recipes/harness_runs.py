@@ -262,7 +262,8 @@ def check_training_updates_the_policy(harness: Harness, where: Path, monkeypatch
     that learns: the embedded tiny model (its context stretched to the harnesses' ~25k-byte prompts;
     trained on each prompt's last 256 tokens), coached (`coached_engine`): in each step's group one
     attempt fixes the task (reward 1) and one leaves it (reward below 1), so the update takes an
-    optimizer step, the weights move and the next step's calls are served by them. (The engine's
+    optimizer step, the weights move and the next step's calls record the version the update
+    published (coached answers do not depend on the served weights: calc's tests show them loaded). (The engine's
     own generation on the harnesses' prompts, cut at max_tokens, is `check_a_cut_answer_ends_the_episode`'s
     and tests/integration's.)"""
     from safetensors.torch import load_file
@@ -309,7 +310,7 @@ def check_training_updates_the_policy(harness: Harness, where: Path, monkeypatch
         versions = {
             s.attributes.get(semconv.RESOURCES_VERSION) for _, spans in group for s in spans if s.kind == SpanKind.LLM
         }
-        assert versions == {step - 1}, (step, versions)  # step 2's calls were served by step 1's update
+        assert versions == {step - 1}, (step, versions)  # step 2's calls carry step 1's version
     first, trained = (
         load_file(str(policy / "model.safetensors")),
         load_file(str(result.run_dir / "checkpoints" / "step_000002" / "model.safetensors")),
