@@ -127,25 +127,21 @@ def smoke_wheels(tmp: Path) -> list[dict[str, Any]]:
 #: What the dry runs resolved last, and from what: written by `ALIGHT_GPU_RESOLVE=write` (constraints/refresh.py
 #: runs this module so), read while its inputs are unchanged. PyPI moves between refreshes; the pins do not.
 STAMP = ROOT / "constraints" / "gpu-resolved.json"
-#: What a resolution depends on here: the extras and their ranges, the CPU pins (the sdist builds), the smoke
-#: check's wheel list, the GPU sets and README's pip.
-STAMP_INPUTS = ("pyproject.toml", "constraints/cpu.txt", "benchmarks/gpu_smoke/prepare.py", "tests/test_gpu_extras.py")
+#: The files a resolution reads besides pyproject's requirements: the CPU pins (the sdist builds) and the
+#: smoke check's wheel list.
+STAMP_FILES = ("constraints/cpu.txt", "benchmarks/gpu_smoke/prepare.py")
 #: The packages whose requirements the checks read; of the others the stamp keeps the version.
 READ_REQUIREMENTS = ("verl", "vllm", "alight")
 
 
 def stamp_inputs() -> str:
-    """A hash of what the dry runs resolve from (`STAMP_INPUTS`, without this module's stamp-handling lines)."""
-    digest = hashlib.sha256()
-    for name in STAMP_INPUTS:
-        text = (ROOT / name).read_text()
-        if name.endswith("test_gpu_extras.py"):  # only what says what to resolve: GPU_SETS, PLATFORMS, PIP
-            text = repr((GPU_SETS, PLATFORMS, SDIST_ONLY, PIP))
-        elif name == "pyproject.toml":  # only the requirements: a new version or tool setting changes nothing
-            project = tomllib.loads(text)["project"]
-            text = json.dumps([project["dependencies"], project["optional-dependencies"]], sort_keys=True)
-        digest.update(f"{name}\0{text}\0".encode())
-    return digest.hexdigest()
+    """A hash of what the dry runs resolve from: pyproject's requirements, `STAMP_FILES`, the GPU sets,
+    the platforms and README's pip (a new version number or tool setting in pyproject changes nothing)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    parts = [json.dumps([project["dependencies"], project["optional-dependencies"]], sort_keys=True)]
+    parts += [(ROOT / name).read_text() for name in STAMP_FILES]
+    parts.append(repr((GPU_SETS, PLATFORMS, SDIST_ONLY, PIP)))
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 def _resolved(value: Any) -> Future[Any]:
@@ -161,7 +157,8 @@ def _slim(resolution: Any) -> Any:
             name: {key: meta[key] for key in kept.get(name, ("version",)) if key in meta}
             for name, meta in sorted(resolution.items())
         }
-    return resolution  # the smoke check's wheel list
+    # the smoke check's wheel list: a wheel built here is named by its file, not by its temp folder
+    return [{**w, "url": "file:" + Path(w["url"]).name} if w["url"].startswith("file:") else w for w in resolution]
 
 
 @pytest.fixture(scope="module")
