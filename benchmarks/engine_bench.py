@@ -67,9 +67,9 @@ def _reference(model: str) -> Any:
     """The trainer's view of the weights: a plain transformers forward in fp32."""
     from transformers import AutoModelForCausalLM
 
-    from alight.engines.embedded import tiny_model_dir
+    from alight.models.resolve import resolve_model
 
-    path = tiny_model_dir() if model == "tiny" else model
+    path = resolve_model(model)
     return AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
 
 

@@ -239,7 +239,7 @@ def main() -> None:
     import logging
 
     logging.disable(logging.WARNING)  # model-loading chatter would spoil --json
-    from alight.engines.embedded import tiny_model_dir
+    from alight.models.resolve import tiny_model_dir
 
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="alight-proxy-bench-") as tmp:

@@ -54,9 +54,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The offline tiny Qwen2 model (`alight.engines.embedded.tiny_model_dir`) in a temp dir."""
+    """The offline tiny Qwen2 model (`alight.models.resolve.tiny_model_dir`) in a temp dir."""
     pytest.importorskip("transformers")
-    from alight.engines.embedded import tiny_model_dir
+    from alight.models.resolve import tiny_model_dir
 
     return tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny")
 

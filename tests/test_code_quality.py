@@ -48,7 +48,7 @@ def test_import_alight_loads_no_heavy_dependency() -> None:
 
 PACKAGE = ROOT / "src" / "alight"
 #: Modules every part may use: the data model, errors, attribute names.
-FOUNDATION = frozenset({"types", "errors", "semconv"})
+FOUNDATION = frozenset({"types", "errors", "semconv", "parts"})
 #: The alight parts each part may import (beyond FOUNDATION), from DESIGN.md's "depends on" column;
 #: the small shared modules (chat_template, entrypoints, data, models, serving) sit just above the
 #: foundation. "<root>" is alight/__init__.py (the public API).
@@ -58,6 +58,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "types": set(),
         "errors": set(),
         "semconv": set(),
+        "parts": set(),
         "chat_template": set(),
         "entrypoints": set(),
         "serving": set(),
@@ -66,7 +67,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "dashboard": set(),
         "data": {"entrypoints"},
         "store": {"serving", "config"},  # config: the store factory reads StoreConfig
-        "engines": {"chat_template", "models"},
+        "engines": {"chat_template", "models", "config"},  # config: a kind's options from the engine section
         "adapters": {"chat_template"},
         "tracing": {"store"},
         "agent": {"tracing", "entrypoints"},
@@ -75,7 +76,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "command_agent": {"agent", "tracing", "sandbox", "rewards", "config"},
         "algorithms": {"adapters", "store", "config", "entrypoints"},
         "proxy": {"store", "engines", "serving"},
-        "backends": {"algorithms", "config", "models"},
+        "backends": {"algorithms", "config", "models", "engines"},  # engines: what the engine kind can do
         "runner": {"store", "tracing", "agent", "serving", "config"},  # config: the pool factory reads RunnerConfig
         "trainer": {
             *("adapters", "agent", "algorithms", "backends", "command_agent", "config", "data", "engines"),

@@ -183,7 +183,7 @@ def test_the_engine_answers_each_agent_with_its_adapter(tiny_dir: Path, tmp_path
     import shutil
 
     from alight.engines.base import ChatRequest, SamplingParams
-    from alight.trainer.serve import resolve_model
+    from alight.models.resolve import resolve_model
 
     policy = backend(tiny_dir)
     policy.update(batch("writer"))
@@ -195,7 +195,9 @@ def test_the_engine_answers_each_agent_with_its_adapter(tiny_dir: Path, tmp_path
     from alight.engines.agent_adapters import saved_adapters
     from alight.engines.embedded import EmbeddedEngine
 
-    engine = EmbeddedEngine(resolve_model(str(directory)), adapters=saved_adapters(directory), served_name="policy")
+    engine = EmbeddedEngine(
+        resolve_model(str(directory), checkpoints=True), adapters=saved_adapters(directory), served_name="policy"
+    )
     assert engine.model_names[-2:] == ["policy/rewriter", "policy/writer"]
     weights = {a: policy.adapter_tensors(a) for a in AGENTS}
 

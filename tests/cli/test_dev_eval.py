@@ -118,9 +118,12 @@ def test_split_and_model_errors_are_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()  # nothing was written for a refused run
 
 
-def test_model_without_endpoint_keeps_the_engine_and_resolves_checkpoints(tmp_path: Path, tiny_dir: Path) -> None:
+def test_model_without_endpoint_keeps_the_engine_and_resolves_checkpoints(
+    tmp_path: Path, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = cfg_of(write_eval_config(tmp_path))
-    assert served_model(cfg, "tiny") == "tiny"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert served_model(cfg, "tiny") == str(tmp_path / "cache" / "alight" / "tiny")  # resolved once, here
     assert served_model(cfg, str(tiny_dir)) == str(tiny_dir)
     assert with_endpoint(cfg, None, str(tiny_dir)) is cfg  # the config is not rewritten: the stack is handed the model
     litellm = cfg_of(write_eval_config(tmp_path), "engine.kind=litellm", "engine.model=openai/a")

@@ -23,7 +23,7 @@ def test_each_kind(tiny_dir: Path) -> None:
 
 
 def test_unknown_kind_or_option_is_a_one_line_config_error() -> None:
-    with pytest.raises(ConfigError, match="unknown engine kind 'sglang'; choose one of embedded, vllm, litellm"):
+    with pytest.raises(ConfigError, match=r"engine\.kind must be one of embedded, vllm, litellm, got 'sglang'"):
         make_engine("sglang")
     with pytest.raises(ConfigError, match="has no option temperatur") as err:
         make_engine("embedded", temperatur=0.5)

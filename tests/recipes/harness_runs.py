@@ -277,16 +277,18 @@ def check_training_updates_the_policy(harness: Harness, where: Path, monkeypatch
 
     policy = build_tiny_model(where / "policy", max_position_embeddings=32768)
     engine = coached_engine(CodingModel(harness.plays, load_tasks()))
-    kinds = factory._engine_class
-    monkeypatch.setattr(factory, "_engine_class", lambda kind: engine if kind == "embedded" else kinds(kind))
+    factory.ENGINES.register("coached", engine)  # an engine kind of the test's own, chosen by name
     monkeypatch.chdir(REPO)
     overrides = [
-        f"engine.model={policy}", "engine.sampling.max_tokens=8", "adapter.max_prompt_length=256",
+        "engine.kind=coached", f"engine.model={policy}", "engine.sampling.max_tokens=8", "adapter.max_prompt_length=256",
         "trainer.steps=2", "trainer.batch_size=1", "trainer.group_size=2", "trainer.val_size=1",
         "trainer.save_every=1", "trainer.keep_checkpoints=3", f"trainer.output_dir={where / 'runs'}",
         "logging.dashboard=false", "logging.plot=false",
     ]  # fmt: skip
-    result = Trainer(to_object(load_config(harness.config, overrides))).fit()
+    try:
+        result = Trainer(to_object(load_config(harness.config, overrides))).fit()
+    finally:
+        factory.ENGINES.unregister("coached")
     check_the_run(result.run_dir, harness.name, per_step=2)
 
     metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -25,6 +25,7 @@ from alight.backends.lora import load_adapter, merged_weights, save_adapters, wi
 from alight.backends.objective import objective
 from alight.backends.optimization import Optimization
 from alight.config.schema import AlgorithmConfig, ExperimentConfig
+from alight.engines.factory import engine_class
 from alight.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class EmbeddedBackend(FactoryDefaults):
             device=cfg.trainer.device,
             temperature=temperature,
             seed=cfg.trainer.seed,
-            engine_copy=cfg.engine.kind == "embedded" and same_device,
+            engine_copy=engine_class(cfg.engine.kind).capabilities.in_process and same_device,
             row_tokens=(cfg.adapter.max_prompt_length or ASSUMED_PROMPT_TOKENS) + cfg.engine.sampling.max_tokens,
         )
 

@@ -36,6 +36,7 @@ from alight.backends.embedded import EmbeddedBackend
 from alight.backends.lora import load_adapter, peft_arguments, save_adapters
 from alight.backends.optimization import Optimization
 from alight.config.schema import AlgorithmConfig, ExperimentConfig
+from alight.engines.factory import engine_class
 from alight.errors import ConfigError
 from alight.models.lora_layout import ADAPTERS_DIR, adapter_file, adapter_key, check_adapter_names, plain_name
 
@@ -63,7 +64,7 @@ class PerAgentLoraBackend(EmbeddedBackend):
         """ConfigError, in one line, for per-agent LoRA settings that cannot run."""
         super().check_config(cfg)
         lora = cfg.algorithm.lora
-        if cfg.engine.kind != "embedded":
+        if not engine_class(cfg.engine.kind).capabilities.adapters:
             raise ConfigError(f"algorithm.lora.per_agent: not yet with engine.kind={cfg.engine.kind} ({WHERE})")
         if not lora.agents:
             raise ConfigError("algorithm.lora.per_agent needs algorithm.lora.agents: the agents that get an adapter")

@@ -11,7 +11,10 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:
+    from alight.config.schema import EngineConfig
 
 TokenIdsSource = Literal["engine", "tokenizer", "none"]
 
@@ -93,10 +96,51 @@ class TextDelta:
 StreamEvent = TextDelta | Generation  # zero or more deltas, then exactly one Generation
 
 
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What the rest of alight may ask of an engine kind (it never compares the kind's name)."""
+
+    trainable: bool = True  # serves weights alight updates: a run can train the policy it serves
+    in_process: bool = False  # holds the weights in this process (the trainer shares its device and threads)
+    adapters: bool = False  # answers each agent with its own LoRA adapter (per-agent LoRA)
+
+
 class Engine(abc.ABC):
-    """An inference backend. All methods are safe to call concurrently from one event loop."""
+    """An inference backend. All methods are safe to call concurrently from one event loop.
+
+    Each kind is registered by name in `alight.engines.factory.ENGINES` (`engine.kind`) and states,
+    as class attributes and class methods, what others ask about it: `capabilities`,
+    `options_from_config` (its constructor's arguments from the config's `engine` section),
+    `loads_model` (whether a model spec is resolved into a directory for it), `endpoint` (the
+    server it calls, where one exists already) and `check_config`."""
 
     name: str = "engine"
+    capabilities: ClassVar[EngineCapabilities] = EngineCapabilities()
+
+    @classmethod
+    def options_from_config(cls, engine: EngineConfig, model: str) -> dict[str, Any]:
+        """Keyword arguments of this kind's constructor for the config's `engine` section serving
+        `model` (what `loads_model` resolved, or the spec as it is); `engine.options` and a
+        backend's options are added by the factory. None values are left to the constructor."""
+        return {"model": model, "served_name": engine.served_name}
+
+    @classmethod
+    def loads_model(cls, engine: EngineConfig) -> bool:
+        """Whether this engine loads a model directory alight resolves for it (`alight.models.resolve`);
+        False where it calls a server that holds its own model (the spec is then passed as it is)."""
+        return True
+
+    @classmethod
+    def endpoint(cls, engine: EngineConfig) -> str | None:
+        """The URL of an existing server this engine calls (checked early by `alight dev`); None
+        where alight holds or starts the model itself."""
+        return None
+
+    @classmethod
+    def check_config(cls, options: dict[str, Any]) -> None:
+        """ConfigError, in one line, for constructor `options` this kind cannot run with, before the
+        run's long work starts (default: they are checked when the engine starts)."""
+        return None
 
     @property
     @abc.abstractmethod

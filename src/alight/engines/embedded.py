@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alight.chat_template import render_prompt
 from alight.engines.agent_adapters import AgentAdapters
@@ -25,6 +25,7 @@ from alight.engines.base import (
     ChatRequest,
     CompletionRequest,
     Engine,
+    EngineCapabilities,
     Generation,
     SamplingParams,
     StreamEvent,
@@ -35,35 +36,22 @@ from alight.engines.sampling import Decoder, Sequence, SequenceOutput
 from alight.engines.toolcalls import PlainTextStream, ToolCallStreamFilter, assistant_message, validate_tools
 from alight.engines.weights import load_weights_into
 from alight.errors import ConfigError, ContextLengthError, InvalidRequestError
+from alight.models.resolve import TINY
+
+if TYPE_CHECKING:
+    from alight.config.schema import EngineConfig
 
 logger = logging.getLogger(__name__)
 
-TINY = "tiny"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-def default_cache_dir() -> Path:
-    """Where alight keeps models it builds itself ($XDG_CACHE_HOME/alight or ~/.cache/alight)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "alight"
-
-
-def tiny_model_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The tiny model's directory under `cache_dir`, built on first use."""
-    from alight.models.tiny import build_tiny_model, is_current_tiny_model
-
-    path = Path(cache_dir) if cache_dir is not None else default_cache_dir() / TINY
-    if not is_current_tiny_model(path):
-        logger.info("building the tiny model in %s", path)
-        build_tiny_model(path)
-    return path
 
 
 class EmbeddedEngine(Engine):
     """A Hugging Face causal LM with its chat template and Hermes tool calls, batched in one thread.
 
-    `model` is "tiny" (alight's tiny Qwen2, built once into `cache_dir`) or what
-    `alight.models.sources.prepare_model` takes (a model directory, a GGUF file, a packaged model's
-    name, a hub id); `chat_template` chooses its template (`alight.models.chat_templates`).
+    `model` is a spec `alight.models.resolve.resolve_model` takes (the tiny model, built once into
+    `cache_dir`; a model directory, a GGUF file, a packaged model's name, a hub id);
+    `chat_template` chooses its template (`alight.models.chat_templates`).
     Response token ids stop at and include the end-of-turn token (`<|im_end|>` or eos) when the
     model generated it; the text excludes it. Log-probs are log_softmax(logits / T) at each sampled
     token, T = temperature (T = 1 when temperature is 0), from the logits that sampled it.
@@ -74,6 +62,17 @@ class EmbeddedEngine(Engine):
     """
 
     name = "embedded"
+    capabilities = EngineCapabilities(trainable=True, in_process=True, adapters=True)
+
+    @classmethod
+    def options_from_config(cls, engine: EngineConfig, model: str) -> dict[str, Any]:
+        return {
+            **super().options_from_config(engine, model),
+            "device": engine.device,
+            "dtype": engine.dtype,
+            "max_batch_size": engine.max_batch_size,
+            "chat_template": engine.chat_template,
+        }
 
     def __init__(
         self,
@@ -103,7 +102,7 @@ class EmbeddedEngine(Engine):
                 "max_batch_wait_ms >= 0"
             )
         self._source = str(model)
-        self._served_name = served_name or (TINY if self._source == TINY else Path(self._source).name or self._source)
+        self._served_name = served_name or Path(self._source).name or self._source
         self._device, self._dtype, self._cache_dir = device, dtype, cache_dir
         self.max_batch_size, self.max_new_tokens, self.batch_wait_ms = max_batch_size, max_new_tokens, batch_wait_ms
         self.max_batch_wait_ms = max(max_batch_wait_ms, batch_wait_ms)
@@ -143,9 +142,9 @@ class EmbeddedEngine(Engine):
             if self._torch_threads is not None:
                 torch.set_num_threads(self._torch_threads)
             from alight.models.chat_templates import load_tokenizer
-            from alight.models.sources import prepare_model
+            from alight.models.resolve import resolve_model
 
-            path = tiny_model_dir(self._cache_dir) if self._source == TINY else prepare_model(self._source)
+            path = resolve_model(self._source, tiny_dir=self._cache_dir)
             on_gpu = self._device.startswith("cuda")
             dtype = {"auto": torch.bfloat16 if on_gpu else torch.float32}.get(self._dtype) or getattr(
                 torch, self._dtype

@@ -13,10 +13,10 @@ import asyncio
 import logging
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alight.chat_template import render_prompt, render_reply, template_messages
-from alight.engines.base import ChatRequest, CompletionRequest, Engine, Generation, SamplingParams
+from alight.engines.base import ChatRequest, CompletionRequest, Engine, EngineCapabilities, Generation, SamplingParams
 from alight.engines.openai_response import generation_from_response, optional_sampling
 from alight.engines.toolcalls import validate_tools
 from alight.errors import (
@@ -27,6 +27,9 @@ from alight.errors import (
     InvalidRequestError,
     one_line,
 )
+
+if TYPE_CHECKING:
+    from alight.config.schema import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,28 @@ class LiteLLMEngine(Engine):
     OpenAI reject unknown fields."""
 
     name = "litellm"
+
+    capabilities = EngineCapabilities(trainable=False)  # a model alight reaches, never one it updates
+
+    @classmethod
+    def options_from_config(cls, engine: EngineConfig, model: str) -> dict[str, Any]:
+        options = {
+            **super().options_from_config(engine, model),
+            "base_url": engine.base_url,
+            "api_key_env": engine.api_key_env,
+            "tokenizer": engine.tokenizer,
+        }
+        if engine.tokenizer is not None:  # the template renders with the tokenizer alight loads
+            options["chat_template"] = engine.chat_template
+        return options
+
+    @classmethod
+    def loads_model(cls, engine: EngineConfig) -> bool:
+        return False  # a LiteLLM model string, passed as it is
+
+    @classmethod
+    def endpoint(cls, engine: EngineConfig) -> str | None:
+        return engine.base_url
 
     def __init__(
         self,

@@ -42,7 +42,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alight.engines.base import (
     NEUTRAL_SAMPLING,
@@ -72,6 +72,11 @@ from alight.errors import (
     InvalidRequestError,
     one_line,
 )
+from alight.models.resolve import TINY
+
+if TYPE_CHECKING:
+    from alight.config.schema import EngineConfig
+
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +184,7 @@ def context_overflow(message: str) -> tuple[int, int | None] | None:
 
 
 class VLLMEngine(Engine):
-    """Serves `model` ("tiny" or a model directory) with a vLLM server process it starts.
+    """Serves `model` (a spec `alight.models.resolve.resolve_model` takes) with a vLLM server process it starts.
 
     With `base_url` it talks to a vLLM server that is already running instead: the model name it
     serves is checked at start (`model` when it serves that name, else `served_name`, else its only
@@ -189,9 +194,34 @@ class VLLMEngine(Engine):
 
     name = "vllm"
 
+    @classmethod
+    def options_from_config(cls, engine: EngineConfig, model: str) -> dict[str, Any]:
+        """vLLM's own settings (where it is installed, memory) come in `engine.options`."""
+        return {
+            **super().options_from_config(engine, model),
+            "chat_template": engine.chat_template,
+            "base_url": engine.base_url,
+        }
+
+    @classmethod
+    def loads_model(cls, engine: EngineConfig) -> bool:
+        return engine.base_url is None  # a running server (base_url) serves its own
+
+    @classmethod
+    def endpoint(cls, engine: EngineConfig) -> str | None:
+        return engine.base_url
+
+    @classmethod
+    def check_config(cls, options: dict[str, Any]) -> None:
+        """Where vLLM is (an interpreter probe, well under a second), what its build cannot do, an
+        unknown option: the engine object is built, nothing starts."""
+        from alight.engines.factory import construct
+
+        construct(cls, options)
+
     def __init__(
         self,
-        model: str | os.PathLike[str] = "tiny",
+        model: str | os.PathLike[str] = TINY,
         *,
         base_url: str | None = None,  # an already running vLLM server (".../v1"): start none
         host: str = "127.0.0.1",
@@ -217,12 +247,12 @@ class VLLMEngine(Engine):
         startup_timeout_s: float = 900.0,
         request_timeout_s: float = 600.0,
         work_dir: str | os.PathLike[str] | None = None,  # served model links, new weights, vllm.log
-        cache_dir: str | os.PathLike[str] | None = None,  # where "tiny" is built
+        cache_dir: str | os.PathLike[str] | None = None,  # where the tiny model is built
     ) -> None:
         if sleep_level not in SLEEP_LEVELS:
             raise ConfigError(f"vllm engine: sleep_level is 1 or 2, not {sleep_level!r}")
         self._source = str(model)
-        self._served_name = served_name or ("tiny" if self._source == "tiny" else Path(self._source).name)
+        self._served_name = served_name or Path(self._source).name
         self._upstream_name = self._served_name  # the name the server serves (a base_url server's: at start)
         self._base_url = base_url.rstrip("/") if base_url else None
         self._launcher: VLLMLauncher | None = None
@@ -351,14 +381,9 @@ class VLLMEngine(Engine):
 
         if self._work_dir is None:
             self._work_dir = Path(tempfile.mkdtemp(prefix="alight-vllm-"))
-        if self._source == "tiny":
-            from alight.engines.embedded import tiny_model_dir
+        from alight.models.resolve import resolve_model
 
-            source = tiny_model_dir(self._cache_dir)
-        else:  # a model directory, a packaged model's name, a GGUF file (converted once), a hub id
-            from alight.models.sources import prepare_model
-
-            source = prepare_model(self._source)
+        source = resolve_model(self._source, tiny_dir=self._cache_dir)
         self._serving_dir = link_model_dir(source, self._work_dir / "model")
         # the template alight renders with on every engine (e.g. one that keeps tools where the model's drops them)
         template = load_tokenizer(source, self._chat_template_choice).chat_template

@@ -33,7 +33,6 @@ from alight.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-TINY = "tiny"
 #: Written into a converted directory: what it was converted from; a directory without it is redone.
 MARKER_FILE = "alight_model.json"
 #: Bumped when the conversion changes; older cached conversions are redone.
@@ -103,7 +102,7 @@ def prepare_model(
     progress: Progress | None = None,
 ) -> Path:
     """The local Hugging Face model directory for `spec` (see the module docstring); converts or
-    downloads once, telling `progress` first. "tiny" is not handled here (see `alight.models.tiny`).
+    downloads once, telling `progress` first. The tiny model is `alight.models.resolve`'s.
 
     Raises:
         ConfigError: nothing loadable is named by `spec` (one line, saying what to do).
@@ -127,8 +126,10 @@ def prepare_model(
         raise ConfigError(f"engine.model {spec!r}: a file, but not a .gguf model")
     if _HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
         return hub_model(spec, progress=progress)
-    known = ", ".join([TINY, *PACKAGED])
-    raise ConfigError(f"no model at {spec}: no such file or directory, and not a hub id (org/name) or a name ({known})")
+    known = ", ".join(PACKAGED)
+    raise ConfigError(
+        f"no model at {spec}: no such file or directory, and not a hub id (org/name), a packaged name ({known}) or tiny"
+    )
 
 
 def _conversion_key(gguf: Path, name: str | None) -> str:

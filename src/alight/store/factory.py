@@ -34,6 +34,11 @@ class StoreSpec:
     path: Path | None = None
     url: str | None = None
 
+    @property
+    def is_file(self) -> bool:
+        """A SQLite file: another process may open it beside its server (the trainer's columnar reads)."""
+        return self.kind == "sqlite"
+
 
 def store_kind(cfg: StoreConfig) -> str:
     """The kind the config chooses: `store.kind`, or with none set, http when `store.url` names a

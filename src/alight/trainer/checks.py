@@ -8,6 +8,7 @@ pool then trust the config they are given.
 from __future__ import annotations
 
 from alight.config.schema import ExperimentConfig
+from alight.engines.factory import ENGINES, engine_class, engine_options
 from alight.errors import ConfigError
 
 ALGORITHMS = ("grpo", "ppo", "sft", "apo")
@@ -28,15 +29,20 @@ def validate(cfg: ExperimentConfig) -> None:
     if name not in ALGORITHMS:
         raise ConfigError(f"algorithm.name must be one of {', '.join(ALGORITHMS)}, got {name!r}")
     kind = loop_kind(cfg)
+    engine = engine_class(cfg.engine.kind)  # an unknown engine.kind: one line, naming the kinds
     if kind == "apo":  # prompt optimisation: a backend only for a warm start
         from alight.algorithms.apo.checks import check_apo
 
         check_apo(cfg.algorithm.apo)
-        if cfg.engine.kind != "litellm" and cfg.warm_start.steps > 0 and cfg.warm_start.data:
+        if engine.capabilities.trainable and cfg.warm_start.steps > 0 and cfg.warm_start.data:
             check_backend(cfg)
     else:
-        if cfg.engine.kind == "litellm":
-            raise ConfigError("engine.kind litellm serves a model alight cannot update; train with embedded or vllm")
+        if not engine.capabilities.trainable:
+            trainable = [name for name in ENGINES if engine_class(name).capabilities.trainable]
+            alternatives = " or ".join(trainable)
+            raise ConfigError(
+                f"engine.kind {cfg.engine.kind} serves a model alight cannot update; train with {alternatives}"
+            )
         check_backend(cfg)
     if kind == "sft_store":
         _check_from_store(cfg)
@@ -47,18 +53,14 @@ def validate(cfg: ExperimentConfig) -> None:
 
 
 def check_engine(cfg: ExperimentConfig) -> None:
-    """A vLLM engine's settings, before the warm start: where vLLM is (an interpreter probe, well under
-    a second), what its build cannot do, an unknown option. Other engines check theirs as they start."""
-    if cfg.engine.kind != "vllm":
-        return
+    """The engine's settings, before the warm start, as its kind checks them (`Engine.check_config`:
+    e.g. where vLLM is and what its build cannot do); with the options the backend adds."""
     from alight.backends.factory import backend_for
-    from alight.engines.factory import make_engine
-    from alight.trainer.stack import engine_options
 
-    kind, options = engine_options(cfg.engine)
+    options = engine_options(cfg.engine)
     if cfg.algorithm.name != "apo":
         options.update(backend_for(cfg).engine_options(cfg))
-    make_engine(kind, **options)  # builds the engine object only: nothing starts
+    engine_class(cfg.engine.kind).check_config(options)
 
 
 def _check_from_store(cfg: ExperimentConfig) -> None:

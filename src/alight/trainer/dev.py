@@ -75,11 +75,13 @@ def served_model(cfg: ExperimentConfig, model: str) -> str:
     a run directory (its newest checkpoint), as `alight serve` resolves it (a LiteLLM model string
     for a litellm engine or a remote vLLM server, as it is). Handed to the stack, not written into
     the config."""
-    if cfg.engine.kind == "litellm" or (cfg.engine.kind == "vllm" and cfg.engine.base_url):
-        return model
-    from alight.trainer.serve import resolve_model
+    from alight.engines.factory import engine_class
 
-    return resolve_model(model)
+    if not engine_class(cfg.engine.kind).loads_model(cfg.engine):
+        return model
+    from alight.models.resolve import resolve_model
+
+    return str(resolve_model(model, checkpoints=True))
 
 
 def with_temperature(cfg: ExperimentConfig, temperature: float | None) -> ExperimentConfig:
@@ -182,15 +184,18 @@ def run_on_stack(
     """Start store, proxy + engine serving `model` and runner pool in `run_dir`, run one dev rollout
     per entry of `tasks` (in order; a task listed twice runs twice), and return their results in
     the same order. `extra` resources are published beside the LLM."""
+    from alight.engines.factory import engine_class
     from alight.models.progress import quiet_progress_bars
     from alight.trainer.stack import LocalStack, check_endpoint
     from alight.trainer.threads import ThreadPolicy
 
     threads = ThreadPolicy.from_config(cfg.trainer.torch_threads, cfg.trainer.torch_interop_threads, cfg.engine.device)
-    if cfg.engine.kind == "litellm" and cfg.engine.base_url:
-        check_endpoint(cfg.engine.base_url)
+    engine = engine_class(cfg.engine.kind)
+    endpoint = engine.endpoint(cfg.engine)
+    if endpoint:
+        check_endpoint(endpoint)
     quiet_progress_bars()
-    if cfg.engine.kind == "embedded":  # the engine runs in this process
+    if engine.capabilities.in_process:  # the engine runs in this process
         threads.apply()
     n_runners = min(cfg.runner.n_runners, len(tasks))
     with LocalStack(cfg, run_dir, model=model, n_runners=n_runners, extra_resources=extra) as stack:

@@ -42,21 +42,16 @@ class Policy:
     def base_model(self) -> Path:
         """The starting weights: the tiny model built with the run's seed, or the configured model
         (a packaged model or a GGUF file converted once, a hub model downloaded once)."""
-        from alight.models.sources import prepare_model
-        from alight.models.tiny import build_tiny_model, is_current_tiny_model
+        from alight.models.resolve import resolve_model
 
-        if self.base_dir is not None:
-            return self.base_dir
-        model = self.cfg.engine.model
-        if model == "tiny":
-            path = self.session.run_dir / BASE_MODEL_DIR
-            if not is_current_tiny_model(path):
-                self.events.on_stage("building the model", 0, 1)
-                build_tiny_model(path, seed=self.cfg.trainer.seed)
-        else:
-            path = prepare_model(model, progress=lambda line: self.events.on_stage(line, 0, 1))
-        self.base_dir = path
-        return path
+        if self.base_dir is None:
+            self.base_dir = resolve_model(
+                self.cfg.engine.model,
+                tiny_dir=self.session.run_dir / BASE_MODEL_DIR,  # built with the run's seed, kept with the run
+                seed=self.cfg.trainer.seed,
+                progress=lambda line: self.events.on_stage(line, 0, 1),
+            )
+        return self.base_dir
 
     def load_tokenizer(self) -> Any:
         from alight.models.chat_templates import load_tokenizer

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alight.errors import ConfigError
 from alight.serving.auth import check_bind
 
 if TYPE_CHECKING:
@@ -17,8 +16,6 @@ if TYPE_CHECKING:
     from alight.runner.slots import PoolStats
 
 logger = logging.getLogger(__name__)
-
-ENGINES = ("embedded", "vllm", "litellm")
 
 
 def serve_store(
@@ -103,30 +100,6 @@ def serve_runners(
     )
 
 
-def resolve_model(model: str) -> str:
-    """What an engine that loads weights should load: "tiny", a model directory, or, for a
-    directory of training checkpoints (or a run directory holding `checkpoints/`), the newest
-    subdirectory that holds a model (config.json); a packaged model's name, a GGUF file (or a
-    directory holding one) or a hub id becomes its local directory (`prepare_model`)."""
-    from alight.models.sources import prepare_model
-
-    if model == "tiny":
-        return model
-    path = Path(model).expanduser()
-    if not path.exists() or path.is_file() or list(path.glob("*.gguf")):
-        return str(prepare_model(model))
-    if (path / "config.json").is_file():
-        return str(path)
-    if (path / "checkpoints").is_dir():  # a training run directory: its checkpoints, not its base model
-        path = path / "checkpoints"
-    candidates = [child for child in path.iterdir() if (child / "config.json").is_file()]
-    if not candidates:
-        raise ConfigError(f"{model} holds no model (no config.json in it or in its subdirectories)")
-    newest = max(candidates, key=lambda child: (child / "config.json").stat().st_mtime)
-    logger.info("serving the newest checkpoint in %s: %s", model, newest.name)
-    return str(newest)
-
-
 def serve_model(
     model: str = "tiny",
     *,
@@ -154,25 +127,30 @@ def serve_model(
     `api_key`, and it is sent to the store server too."""
     if not insecure:  # refuse before loading the model (the server warns about --insecure)
         check_bind(host, token, what="proxy")
-    if engine not in ENGINES:
-        raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    options: dict[str, Any] = {"served_name": served_name}  # None values: the engine's defaults
-    if engine == "embedded":
-        from alight.engines.agent_adapters import saved_adapters
+    from alight.config.schema import EngineConfig
+    from alight.engines.factory import engine_class, engine_options, make_engine
 
-        options.update(model=resolve_model(model), device=device)
+    kind = engine_class(engine)  # an unknown engine: one line naming the kinds
+    # dtype auto: the engine's own choice for `device`; what serve does not set keeps the engine's defaults
+    spec = EngineConfig(
+        kind=engine, model=model, base_url=base_url, api_key_env=api_key_env, device=device, dtype="auto"
+    )
+    loaded = model
+    if kind.loads_model(spec):  # a model, a run directory or a checkpoint directory, resolved here
+        from alight.models.resolve import resolve_model
+
+        loaded = str(resolve_model(model, checkpoints=True))
+    options: dict[str, Any] = {**engine_options(spec, model=loaded), "served_name": served_name}
+    if kind.capabilities.adapters and kind.loads_model(spec):
+        from alight.models.lora_layout import saved_adapters
+
         # A per-agent LoRA checkpoint: the base as `served_name`, each adapter as `served_name/agent`
-        options["adapters"] = saved_adapters(options["model"]) if options["model"] != "tiny" else None
-    elif engine == "vllm":
-        options.update(model=resolve_model(model) if base_url is None else model, base_url=base_url)
-    else:
-        options.update(model=model, base_url=base_url, api_key_env=api_key_env)
+        options["adapters"] = saved_adapters(loaded)
     prompt = None
     if system_prompt is not None:
         from alight.algorithms.apo.record import load_prompt
 
         prompt = load_prompt(system_prompt)
-    from alight.engines.factory import make_engine
     from alight.proxy.proxy import Proxy
     from alight.proxy.server import ProxyServer
 

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alight.config.schema import AgentConfig, EngineConfig, ExperimentConfig, RewardConfig
+from alight.config.schema import AgentConfig, ExperimentConfig, RewardConfig
 from alight.errors import ConfigError
 from alight.serving.advertise import check_advertise_url
 from alight.serving.auth import TOKEN_ENV, is_loopback, resolve_token
@@ -29,27 +29,6 @@ if TYPE_CHECKING:
     from alight.store.base import Store
 
 logger = logging.getLogger(__name__)
-
-
-def engine_options(engine: EngineConfig, *, model: str | None = None) -> tuple[str, dict[str, Any]]:
-    """The engine kind and the keyword arguments `make_engine` takes for it; `model` (a checkpoint
-    the run serves) replaces `engine.model`."""
-    options: dict[str, Any] = {"model": engine.model if model is None else model, "served_name": engine.served_name}
-    if engine.kind == "embedded":
-        options.update(
-            device=engine.device,
-            dtype=engine.dtype,
-            max_batch_size=engine.max_batch_size,
-            chat_template=engine.chat_template,
-        )
-    elif engine.kind == "vllm":  # vLLM's own settings (where it is installed, memory) come in engine.options
-        options.update(chat_template=engine.chat_template, base_url=engine.base_url)
-    elif engine.kind == "litellm":
-        options.update(base_url=engine.base_url, api_key_env=engine.api_key_env, tokenizer=engine.tokenizer)
-        if engine.tokenizer is not None:
-            options["chat_template"] = engine.chat_template
-    options.update(engine.options)
-    return engine.kind, options
 
 
 def runner_agent(agent: AgentConfig, *, check: bool = True, reward: RewardConfig | None = None) -> str | LitAgent:
@@ -155,7 +134,7 @@ class LocalStack:
 
     def start(self) -> LocalStack:
         from alight.backends.factory import backend_for
-        from alight.engines.factory import make_engine
+        from alight.engines.factory import engine_options, make_engine
         from alight.proxy.proxy import Proxy
         from alight.proxy.server import ProxyServer
         from alight.runner.factory import make_pool
@@ -166,9 +145,9 @@ class LocalStack:
             store_advertise = check_advertise_url(store_advertise, "store.advertise_url")
         if self.cfg.proxy.advertise_url:
             check_advertise_url(self.cfg.proxy.advertise_url, "proxy.advertise_url")
-        kind, options = engine_options(self.cfg.engine, model=self.model)
+        options = engine_options(self.cfg.engine, model=self.model)
         options.update(backend_for(self.cfg).engine_options(self.cfg))  # what the backend's weights need served
-        engine = make_engine(kind, **options)  # bad engine options fail here, before anything starts
+        engine = make_engine(self.cfg.engine.kind, **options)  # bad engine options fail here, before anything starts
         try:
             if self.store_url is None:
                 from alight.store.server import StoreServer
@@ -204,7 +183,8 @@ class LocalStack:
                 advertise_url=self.cfg.proxy.advertise_url,
                 resolve=proxy_store.check_credential if self.token is not None else None,  # agent keys
             ).start()
-            logger.info("LLM proxy at %s (engine %s, model %s)", self.proxy_server.url, kind, self.model)
+            url, kind = self.proxy_server.url, self.cfg.engine.kind
+            logger.info("LLM proxy at %s (engine %s, model %s)", url, kind, self.model)
             asyncio.run(self._publish())
             self._tell_remote_runners()
             if self.n_runners > 0:
@@ -264,7 +244,7 @@ class LocalStack:
     def trainer_store(self) -> Store:
         """A store for the trainer's own loop: a second connection to the run's SQLite file (its
         columnar reads), or a client of the store server (the run's memory store, or store.url's)."""
-        if self._store_server is not None and self.store_spec.kind == "sqlite":
+        if self._store_server is not None and self.store_spec.is_file:
             return open_store(self.store_spec, default_path=self.run_dir / STORE_FILE)
         return open_store(self._url(), token=self.token)
 

@@ -33,6 +33,7 @@ from alight.algorithms.apo import (
 )
 from alight.algorithms.apo.checks import search_settings
 from alight.config.schema import EngineConfig
+from alight.engines.factory import engine_class
 from alight.errors import ConfigError, TrainingError
 from alight.trainer import checkpoint as ckpt
 from alight.trainer.loops import LoopInput
@@ -81,6 +82,7 @@ class ApoLoop:
         self.val_rows = val_rows[: apo.val_size]
         self.session = RunSession(cfg, run.run_dir, watchers=run.watchers)
         self.policy = Policy(cfg, self.session)
+        self._engine = engine_class(cfg.engine.kind)
         self.optimizer = optimizer
         self.optimizer_engine: Any = None
         if optimizer is None:  # bad optimiser options fail here, before anything starts
@@ -109,7 +111,7 @@ class ApoLoop:
 
     # -- the policy: prepared once, never updated ---------------------------------------------------
     def _warm_starts(self) -> bool:
-        return self.cfg.engine.kind != "litellm" and self.policy.warm_starts()
+        return self._engine.capabilities.trainable and self.policy.warm_starts()
 
     def _served(self) -> str:
         """The model the engine serves: warm-started (the backend trains it, then is closed), the
@@ -120,7 +122,7 @@ class ApoLoop:
             self.policy.close()  # its memory is the engine's now
             return str(served)
         ckpt.seed_everything(cfg.trainer.seed)
-        if cfg.engine.kind == "embedded" and cfg.engine.model == "tiny":
+        if self._engine.loads_model(cfg.engine):  # resolved once, as the run's starting weights
             return str(self.policy.base_model())
         return cfg.engine.model
 
@@ -258,8 +260,6 @@ class ApoLoop:
 
 
 def _make_engine(spec: EngineConfig) -> Any:
-    from alight.engines.factory import make_engine
-    from alight.trainer.stack import engine_options
+    from alight.engines.factory import engine_options, make_engine
 
-    kind, options = engine_options(spec)
-    return make_engine(kind, **options)
+    return make_engine(spec.kind, **engine_options(spec))
