@@ -280,7 +280,8 @@ def check_training_updates_the_policy(harness: Harness, where: Path, monkeypatch
     factory.ENGINES.register("coached", engine)  # an engine kind of the test's own, chosen by name
     monkeypatch.chdir(REPO)
     overrides = [
-        "engine.kind=coached", f"engine.model={policy}", "engine.sampling.max_tokens=8", "adapter.max_prompt_length=256",
+        "engine.kind=coached", f"engine.model={policy}", "engine.sampling.max_tokens=8",
+        "adapter.max_prompt_length=256",
         "trainer.steps=2", "trainer.batch_size=1", "trainer.group_size=2", "trainer.val_size=1",
         "trainer.save_every=1", "trainer.keep_checkpoints=3", f"trainer.output_dir={where / 'runs'}",
         "logging.dashboard=false", "logging.plot=false",

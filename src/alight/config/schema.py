@@ -7,7 +7,27 @@ entrypoint or its command), so a config names only what differs. Hydra checks ke
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+
+def _choices(name: str, *values: str) -> Any:
+    """A closed choice as a str Enum whose names are its values (how OmegaConf reads YAML into it): a
+    value outside it fails at load, in one line naming the choices; members compare equal to strings."""
+    return StrEnum(name, [(value, value) for value in values], module=__name__)
+
+
+if TYPE_CHECKING:  # to the type checker a closed choice is its value: a str
+    TrainerMode = OnStale = Algorithm = SampleMode = str
+else:
+    #: trainer.mode: sync (each step waits for its rollouts) | async (runners never wait for the update)
+    TrainerMode = _choices("TrainerMode", "sync", "async")
+    #: trainer.on_stale: an async group over the staleness bound is dropped | requeued
+    OnStale = _choices("OnStale", "drop", "requeue")
+    #: algorithm.name
+    Algorithm = _choices("Algorithm", "grpo", "ppo", "sft", "apo")
+    #: adapter.mode and warm_start.mode: one sample per LLM call (transition) or per conversation (trajectory)
+    SampleMode = _choices("SampleMode", "transition", "trajectory")
 
 
 @dataclass
@@ -132,7 +152,7 @@ class DevConfig:
 @dataclass
 class AdapterConfig:
     agent_match: str | None = None  # regex the agent name of an LLM call must fully match to be trained; None: all
-    mode: str = "transition"  # transition: one sample per LLM call | trajectory: an agent's calls merged, masked
+    mode: SampleMode = "transition"  # transition: one sample per LLM call | trajectory: an agent's calls merged, masked
     credit: str = "identity"  # identity | discounted | last | "module:function" (see alight.algorithms.credit)
     gamma: float = 0.95  # discounted credit: step t of T gets gamma^(T-1-t) of the episode reward
     max_prompt_length: int | None = None  # longer prompts keep their last tokens; None: no limit
@@ -186,9 +206,8 @@ class SftConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = (
-        "grpo"  # grpo | ppo (several clipped epochs over mini-batches) | sft (on the agent's best rollouts) | apo
-    )
+    # grpo | ppo (several clipped epochs over mini-batches) | sft (on the agent's best rollouts) | apo
+    name: Algorithm = "grpo"
     # The loss an update minimises: auto (nll for sft, else policy) | policy (clipped policy gradient)
     # | nll (negative log-likelihood of the responses rewarded at least sft_min_reward)
     loss: str = "auto"
@@ -238,7 +257,9 @@ class WarmStartConfig:
     lr: float = 1e-3  # AdamW learning rate of the warm start
     warmup_steps: int = 50  # linear learning-rate warm-up over this many steps
     max_length: int | None = None  # longer demonstrations are dropped; None: the model's context
-    mode: str = "trajectory"  # trajectory: a conversation is one masked sequence | transition: one per assistant turn
+    mode: SampleMode = (
+        "trajectory"  # trajectory: a conversation is one masked sequence | transition: one per assistant turn
+    )
 
 
 @dataclass
@@ -266,11 +287,11 @@ class TrainerConfig:
     torch_interop_threads: str = "auto"  # PyTorch inter-op threads: auto (1; alight forks no torch work) | torch | N
     # sync: each step enqueues its rollouts, waits for them, then updates (runners idle meanwhile) |
     # async: runners are fed continuously and the update runs while the next rollouts do
-    mode: str = "sync"
+    mode: TrainerMode = "sync"
     # async: the most weight versions a trained group's oldest LLM call may lag the weights being
     # updated; no more work is enqueued than this allows (0: the synchronous algorithm)
     max_staleness: int = 1
-    on_stale: str = "drop"  # async: a group over the bound is dropped | requeue (its tasks run again)
+    on_stale: OnStale = "drop"  # async: a group over the bound is dropped | requeue (its tasks run again)
     # log actor/logprob_gap_{mean,max} (engine vs trainer log-probs); free on the embedded backend, one
     # more actor forward a step on verl (as verl's own loop recomputes old log-probs)
     log_prob_gap: bool = True

@@ -1,55 +1,67 @@
 """Validate once: every setting a run cannot start with, checked in one pass before anything
 starts (one-line `ConfigError`s), each part's check called once.
 
-`Trainer.fit` calls `validate(cfg)` once; the loops, the backend factory, the stack and the runner
-pool then trust the config they are given.
+Every command that runs a config calls `validate` once, before anything starts: `Trainer.fit`
+(`alight train`) with the training checks, `alight dev` and `alight eval` without them; the loops,
+the backend factory, the stack and the runner pool then trust the config they are given. Each rule
+lives with its part (`check_config` of the engine kind, the backend, the loop, the store, the pool,
+the agent's sandbox and reward); closed choices are typed in the schema, so a loaded config holds
+one of them already.
 """
 
 from __future__ import annotations
 
-from alight.config.schema import ExperimentConfig
+from alight.config.schema import Algorithm, ExperimentConfig, OnStale, TrainerMode
 from alight.engines.factory import ENGINES, engine_class, engine_options
 from alight.errors import ConfigError
 
-ALGORITHMS = ("grpo", "ppo", "sft", "apo")
-MODES = ("sync", "async")
-ON_STALE = ("drop", "requeue")
+#: The closed choices, typed in the schema (a loaded config holds one of them already); checked
+#: again here for configs built in Python.
+ALGORITHMS = tuple(Algorithm)
+MODES = tuple(TrainerMode)
+ON_STALE = tuple(OnStale)
 
 
-def validate(cfg: ExperimentConfig) -> None:
-    """ConfigError, in one line, for the first setting `cfg` cannot run with (see the module docstring)."""
-    from alight.backends.factory import check_backend
+def validate(cfg: ExperimentConfig, *, training: bool = True, engine: bool = True) -> str | None:
+    """ConfigError, in one line, for the first setting `cfg` cannot run with (see the module
+    docstring). With `training` (`alight train`), also the trainer's, the loop's and the backend's
+    settings, and returns the loop that runs `cfg` (a kind in `alight.trainer.loops.LOOPS`); the
+    commands that run the agent without training (`dev`, `eval`) check the rest, the engine's
+    settings only where they use the config's `engine` (`engine`; `eval` of endpoints does not)."""
     from alight.runner.factory import check_pool
     from alight.store.factory import check_store
-    from alight.trainer.loops import loop_kind
     from alight.trainer.stack import runner_agent
+
+    engine_class(cfg.engine.kind)  # an unknown engine.kind: one line, naming the kinds
+    kind = _check_training(cfg) if training else None
+    if engine:
+        check_engine(cfg)
+    check_store(cfg.store)
+    check_pool(cfg.runner)
+    runner_agent(cfg.agent, reward=cfg.reward)  # a bad entrypoint, program, sandbox or tests reward: one line
+    return kind
+
+
+def _check_training(cfg: ExperimentConfig) -> str:
+    from alight.backends.factory import check_backend
+    from alight.trainer.loops import LOOPS, loop_kind
 
     check_trainer(cfg)
     name = cfg.algorithm.name
     if name not in ALGORITHMS:
         raise ConfigError(f"algorithm.name must be one of {', '.join(ALGORITHMS)}, got {name!r}")
     kind = loop_kind(cfg)
-    engine = engine_class(cfg.engine.kind)  # an unknown engine.kind: one line, naming the kinds
-    if kind == "apo":  # prompt optimisation: a backend only for a warm start
-        from alight.algorithms.apo.checks import check_apo
-
-        check_apo(cfg.algorithm.apo)
-        if engine.capabilities.trainable and cfg.warm_start.steps > 0 and cfg.warm_start.data:
-            check_backend(cfg)
-    else:
-        if not engine.capabilities.trainable:
+    loop = LOOPS.get(kind)
+    if loop.trains_weights:
+        if not engine_class(cfg.engine.kind).capabilities.trainable:
             trainable = [name for name in ENGINES if engine_class(name).capabilities.trainable]
             alternatives = " or ".join(trainable)
             raise ConfigError(
                 f"engine.kind {cfg.engine.kind} serves a model alight cannot update; train with {alternatives}"
             )
         check_backend(cfg)
-    if kind == "sft_store":
-        _check_from_store(cfg)
-    check_engine(cfg)
-    check_store(cfg.store)
-    check_pool(cfg.runner)
-    runner_agent(cfg.agent, reward=cfg.reward)  # a bad entrypoint, program, sandbox or tests reward: one line
+    loop.check_config(cfg)
+    return kind
 
 
 def check_engine(cfg: ExperimentConfig) -> None:
@@ -61,18 +73,6 @@ def check_engine(cfg: ExperimentConfig) -> None:
     if cfg.algorithm.name != "apo":
         options.update(backend_for(cfg).engine_options(cfg))
     engine_class(cfg.engine.kind).check_config(options)
-
-
-def _check_from_store(cfg: ExperimentConfig) -> None:
-    from alight.algorithms.sft import check_selection
-    from alight.trainer.sft_source import check_source
-
-    if cfg.algorithm.name != "sft":
-        raise ConfigError(f"data.from_store is read by algorithm.name=sft only, not {cfg.algorithm.name!r}")
-    if cfg.algorithm.sft.batch_size < 1:
-        raise ConfigError(f"algorithm.sft.batch_size is out of range: {cfg.algorithm.sft.batch_size!r}")
-    check_selection(cfg.algorithm.sft.select, cfg.algorithm.sft.splits)
-    check_source(cfg.data.from_store)
 
 
 def check_trainer(cfg: ExperimentConfig) -> None:

@@ -149,9 +149,8 @@ def run_dev(
     `on_progress` gets the counts of ended rollouts. `prompt` (an APO run directory, a
     best_prompt.json or a text file) is published as the `algorithm.apo.resource` PromptTemplate
     agents read. Every input problem raises ConfigError before a worker starts."""
-    from alight.runner.factory import check_pool
+    from alight.trainer.checks import validate
     from alight.trainer.run_dir import new_run_dir
-    from alight.trainer.stack import runner_agent
 
     started = time.monotonic()
     if all_rows and n is not None:
@@ -159,8 +158,7 @@ def run_dev(
     cfg = with_temperature(with_endpoint(cfg, endpoint, model), temperature)
     serving = served_model(cfg, model) if model is not None and endpoint is None else cfg.engine.model
     count = None if all_rows else (n or cfg.dev.n)
-    check_pool(cfg.runner)
-    runner_agent(cfg.agent, reward=cfg.reward)  # a bad entrypoint, program, sandbox or tests reward: one line
+    validate(cfg, training=False)  # once, before a worker starts
     extra: dict[str, Any] = {}
     if prompt is not None:
         from alight.algorithms.apo.record import load_prompt

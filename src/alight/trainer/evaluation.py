@@ -161,9 +161,9 @@ def run_eval(
     its reward, 0 when it failed; a task's sample succeeds at reward >= `success`.
     `on_progress(model, ended, total)` follows the rollouts. Every input problem raises a
     one-line ConfigError before a worker starts."""
-    from alight.runner.factory import check_pool
+    from alight.trainer.checks import validate
     from alight.trainer.run_dir import new_run_dir
-    from alight.trainer.stack import check_endpoint, runner_agent
+    from alight.trainer.stack import check_endpoint
 
     if n < 1:
         raise ConfigError(f"--n must be 1 or more, not {n}")
@@ -175,8 +175,8 @@ def run_eval(
     cfg = with_temperature(cfg, temperature)
     if n > 1 and cfg.engine.sampling.temperature == 0:
         raise ConfigError(f"--n {n} samples per task at temperature 0 are all the same answer: give --temperature > 0")
-    check_pool(cfg.runner)
-    runner_agent(cfg.agent, reward=cfg.reward)  # a bad entrypoint, program, sandbox or reward: one line, here
+    own_engine = not models or any(parse_model(spec)[0] is None for spec in models)  # not only endpoints
+    validate(cfg, training=False, engine=own_engine)  # once, before a worker starts
     source, tasks = eval_tasks(cfg, split, tasks_file)
     chosen = prepare_models(cfg, models)
     for model in chosen:

@@ -81,15 +81,14 @@ class Trainer:
         `val_data`: lists of rows, or data specs; default: `data.train` / `data.val`. Input problems
         raise ConfigError before anything starts."""
         from alight.trainer.checks import validate
-        from alight.trainer.loops import loop_kind, make_loop
+        from alight.trainer.loops import LOOPS, make_loop
 
         cfg = self._config_for(agent)
-        validate(cfg)
-        kind = loop_kind(cfg)
-        train_rows = (
-            None if kind == "sft_store" else self._rows(train_data, cfg.data.train, cfg.data.train_size, "train")
-        )
-        if kind == "sft_store":  # fine-tuning from another run's store: no train rows
+        kind = validate(cfg)
+        assert kind is not None
+        reads_rows = LOOPS.get(kind).reads_train_rows
+        train_rows = self._rows(train_data, cfg.data.train, cfg.data.train_size, "train") if reads_rows else None
+        if not reads_rows:  # fine-tuning from another run's store: no train rows
             train_rows = []
         elif train_rows is None and cfg.algorithm.name == "sft":
             raise ConfigError("algorithm.name=sft needs data.from_store=RUN_DIR (the run to learn from) or data.train")
@@ -98,7 +97,8 @@ class Trainer:
         val_rows = self._rows(val_data, cfg.data.val, cfg.data.val_size, "val")
         if val_rows is not None and cfg.trainer.val_size is not None:
             val_rows = val_rows[: cfg.trainer.val_size]
-        loop = make_loop(cfg, self._run_dir(cfg), train_rows, val_rows, resume=self.resume, watchers=self.watchers)
+        run_dir = self._run_dir(cfg)
+        loop = make_loop(kind, cfg, run_dir, train_rows, val_rows, resume=self.resume, watchers=self.watchers)
         return loop.run()
 
     def dev(self, agent: Any = None, data: Rows | str | None = None, n: int | None = None) -> list[Any]:

@@ -10,29 +10,46 @@
 Each loop composes the shared parts (`alight.trainer.session.RunSession`: run directory, metrics,
 signals, the result; `alight.trainer.policy.Policy`: starting weights, backend, warm start,
 checkpoints; `alight.trainer.stack.LocalStack`; `alight.trainer.validation`) rather than overriding
-another loop's hooks. A new loop is a new file here plus a line in `LOOPS`.
+another loop's hooks. A new loop is a new file here plus a line in `LOOPS`; its class states what
+the run asks of it (`LoopKind`: whether it trains weights, reads train rows, its own checks).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from alight.config.schema import ExperimentConfig
+from alight.parts import Registry
 from alight.trainer.result import FitResult
 
 Rows = list[dict[str, Any]]
 
-#: loop kind -> "module:class" (imported when chosen).
-LOOPS: dict[str, str] = {
-    "rl": "alight.trainer.loops.rl:RLLoop",
-    "async_rl": "alight.trainer.loops.async_rl:AsyncRLLoop",
-    "apo": "alight.trainer.loops.apo:ApoLoop",
-    "sft_store": "alight.trainer.loops.sft_store:SFTStoreLoop",
-}
+
+class LoopKind:
+    """What the run asks of a loop's class (its defaults: an RL loop)."""
+
+    trains_weights: ClassVar[bool] = True  # updates the policy (a backend, a trainable engine)
+    reads_train_rows: ClassVar[bool] = True  # runs on `data.train` (fine-tuning from a store reads its rows there)
+
+    @classmethod
+    def check_config(cls, cfg: ExperimentConfig) -> None:
+        """ConfigError, in one line, for this loop's own settings (the shared ones are `validate`'s)."""
+        return None
+
+
+#: The loops by kind (`loop_kind` picks one from the config), imported when chosen.
+LOOPS: Registry[LoopKind] = Registry(
+    "loop",
+    {
+        "rl": "alight.trainer.loops.rl:RLLoop",
+        "async_rl": "alight.trainer.loops.async_rl:AsyncRLLoop",
+        "apo": "alight.trainer.loops.apo:ApoLoop",
+        "sft_store": "alight.trainer.loops.sft_store:SFTStoreLoop",
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +73,7 @@ class Loop(Protocol):
 
 
 def loop_kind(cfg: ExperimentConfig) -> str:
-    """Which loop runs `cfg` (a key of `LOOPS`)."""
+    """Which loop runs `cfg` (a kind in `LOOPS`): decided once per run, by `validate`."""
     if cfg.data.from_store is not None:
         return "sft_store"
     if cfg.algorithm.name == "apo":
@@ -65,6 +82,7 @@ def loop_kind(cfg: ExperimentConfig) -> str:
 
 
 def make_loop(
+    kind: str,
     cfg: ExperimentConfig,
     run_dir: Path,
     train_rows: Rows,
@@ -73,8 +91,7 @@ def make_loop(
     resume: bool = False,
     watchers: Sequence[Any] = (),
 ) -> Loop:
-    """The loop that runs `cfg` (see `LOOPS`)."""
-    module, name = LOOPS[loop_kind(cfg)].split(":")
-    cls = getattr(importlib.import_module(module), name)
+    """The loop of `kind` (see `LOOPS`; `validate` chose it) running `cfg`."""
+    cls: Any = LOOPS.get(kind)
     loop: Loop = cls(LoopInput(cfg, run_dir, train_rows, val_rows, resume, watchers))
     return loop

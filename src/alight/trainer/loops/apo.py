@@ -32,11 +32,11 @@ from alight.algorithms.apo import (
     save_best,
 )
 from alight.algorithms.apo.checks import search_settings
-from alight.config.schema import EngineConfig
+from alight.config.schema import EngineConfig, ExperimentConfig
 from alight.engines.factory import engine_class
 from alight.errors import ConfigError, TrainingError
 from alight.trainer import checkpoint as ckpt
-from alight.trainer.loops import LoopInput
+from alight.trainer.loops import LoopInput, LoopKind
 from alight.trainer.loops.common import execute, start_stack
 from alight.trainer.policy import Policy
 from alight.trainer.result import FitResult
@@ -65,9 +65,20 @@ def score_prompts(ids_of: Sequence[Sequence[str]], ended: Sequence[Rollout]) -> 
     return results
 
 
-class ApoLoop:
+class ApoLoop(LoopKind):
     """One APO run in `run_dir`; `run()` does all of it. `optimizer` replaces the configured
     optimiser LLM (`algorithm.apo.optimizer`), e.g. a scripted one in tests."""
+
+    trains_weights = False  # prompts change, weights do not (a backend only for a warm start)
+
+    @classmethod
+    def check_config(cls, cfg: ExperimentConfig) -> None:
+        from alight.algorithms.apo.checks import check_apo
+        from alight.backends.factory import check_backend
+
+        check_apo(cfg.algorithm.apo)
+        if engine_class(cfg.engine.kind).capabilities.trainable and cfg.warm_start.steps > 0 and cfg.warm_start.data:
+            check_backend(cfg)
 
     def __init__(self, run: LoopInput, *, optimizer: Optimizer | None = None) -> None:
         cfg, apo, val_rows = run.cfg, run.cfg.algorithm.apo, run.val_rows

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alight.trainer.feeder import Feeder, Group
-from alight.trainer.loops import LoopInput
+from alight.trainer.loops import LoopInput, LoopKind
 from alight.trainer.loops.common import (
     adapt,
     execute,
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 STATE_KEY = "async"  # the feeder's state in a checkpoint's trainer state
 
 
-class AsyncRLLoop:
+class AsyncRLLoop(LoopKind):
     """One asynchronous RL run in `run_dir` (see the module docstring); `run()` does all of it."""
 
     def __init__(self, run: LoopInput) -> None:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alight.trainer.loops import LoopInput
+from alight.trainer.loops import LoopInput, LoopKind
 from alight.trainer.loops.common import (
     adapt,
     drive_steps,
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class RLLoop:
+class RLLoop(LoopKind):
     """One RL run in `run_dir` (see the module docstring); `run()` does all of it."""
 
     def __init__(self, run: LoopInput) -> None:

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from alight.algorithms.batch import TransitionBatch
+from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError
-from alight.trainer.loops import LoopInput
+from alight.trainer.loops import LoopInput, LoopKind
 from alight.trainer.loops.common import drive_steps, execute, start_stack, step_info
 from alight.trainer.policy import Policy
 from alight.trainer.result import FitResult
@@ -31,9 +32,23 @@ from alight.trainer.validation import Schedule, Validator
 from alight.types import Transition
 
 
-class SFTStoreLoop:
+class SFTStoreLoop(LoopKind):
     """One fine-tuning run in `run_dir` from the store `cfg.data.from_store` (see the module
     docstring); `train_rows` is not read (the transitions come from the store)."""
+
+    reads_train_rows = False  # its rows are another run's stored transitions (data.from_store)
+
+    @classmethod
+    def check_config(cls, cfg: ExperimentConfig) -> None:
+        from alight.algorithms.sft import check_selection
+        from alight.trainer.sft_source import check_source
+
+        if cfg.algorithm.name != "sft":
+            raise ConfigError(f"data.from_store is read by algorithm.name=sft only, not {cfg.algorithm.name!r}")
+        if cfg.algorithm.sft.batch_size < 1:
+            raise ConfigError(f"algorithm.sft.batch_size is out of range: {cfg.algorithm.sft.batch_size!r}")
+        check_selection(cfg.algorithm.sft.select, cfg.algorithm.sft.splits)
+        check_source(cfg.data.from_store)
 
     def __init__(self, run: LoopInput) -> None:
         cfg = run.cfg
