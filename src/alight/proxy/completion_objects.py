@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -266,3 +266,28 @@ def sse(data: dict[str, Any]) -> bytes:
 
 
 DONE = b"data: [DONE]\n\n"
+
+
+async def completion_events(call_id: str, generation: Generation, include_usage: bool) -> AsyncIterator[bytes]:
+    """A finished completion as a stream: the text, the finish reason, the usage if asked."""
+    yield completion_chunk(call_id, generation.model, generation.text, None)
+    yield completion_chunk(call_id, generation.model, "", generation.finish_reason)
+    if include_usage:
+        counts = usage(generation)
+        yield sse(
+            {"id": call_id, "object": "text_completion", "model": generation.model, "choices": [], "usage": counts}
+        )
+    yield DONE
+
+
+def model_card(name: str) -> dict[str, Any]:
+    """A model as OpenAI's and Anthropic's clients both read it."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "alight",
+        "type": "model",
+        "display_name": name,
+        "created_at": "1970-01-01T00:00:00Z",
+    }
