@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 
 def _choices(name: str, *values: str) -> Any:
@@ -17,17 +17,25 @@ def _choices(name: str, *values: str) -> Any:
     return StrEnum(name, [(value, value) for value in values], module=__name__)
 
 
+#: trainer.mode: sync (each step waits for its rollouts) | async (runners never wait for the update)
+TRAINER_MODES = ("sync", "async")
+#: trainer.on_stale: an async group over the staleness bound is dropped | requeued
+ON_STALE = ("drop", "requeue")
+#: algorithm.name
+ALGORITHMS = ("grpo", "ppo", "sft", "apo")
+#: adapter.mode and warm_start.mode: one sample per LLM call (transition) or per conversation (trajectory)
+SAMPLE_MODES = ("transition", "trajectory")
+
 if TYPE_CHECKING:  # to the type checker a closed choice is its value: a str
-    TrainerMode = OnStale = Algorithm = SampleMode = str
+    TrainerMode: TypeAlias = str
+    OnStale: TypeAlias = str
+    Algorithm: TypeAlias = str
+    SampleMode: TypeAlias = str
 else:
-    #: trainer.mode: sync (each step waits for its rollouts) | async (runners never wait for the update)
-    TrainerMode = _choices("TrainerMode", "sync", "async")
-    #: trainer.on_stale: an async group over the staleness bound is dropped | requeued
-    OnStale = _choices("OnStale", "drop", "requeue")
-    #: algorithm.name
-    Algorithm = _choices("Algorithm", "grpo", "ppo", "sft", "apo")
-    #: adapter.mode and warm_start.mode: one sample per LLM call (transition) or per conversation (trajectory)
-    SampleMode = _choices("SampleMode", "transition", "trajectory")
+    TrainerMode = _choices("TrainerMode", *TRAINER_MODES)
+    OnStale = _choices("OnStale", *ON_STALE)
+    Algorithm = _choices("Algorithm", *ALGORITHMS)
+    SampleMode = _choices("SampleMode", *SAMPLE_MODES)
 
 
 @dataclass

@@ -11,15 +11,13 @@ one of them already.
 
 from __future__ import annotations
 
-from alight.config.schema import Algorithm, ExperimentConfig, OnStale, TrainerMode
+from alight.config.schema import ALGORITHMS, ON_STALE, ExperimentConfig
+from alight.config.schema import TRAINER_MODES as MODES
 from alight.engines.factory import ENGINES, engine_class, engine_options
 from alight.errors import ConfigError
 
-#: The closed choices, typed in the schema (a loaded config holds one of them already); checked
-#: again here for configs built in Python.
-ALGORITHMS = tuple(Algorithm)
-MODES = tuple(TrainerMode)
-ON_STALE = tuple(OnStale)
+# The closed choices are typed in the schema (a loaded config holds one of them already); checked
+# again here for configs built in Python.
 
 
 def validate(cfg: ExperimentConfig, *, training: bool = True, engine: bool = True) -> str | None:
