@@ -62,7 +62,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "chat_template": set(),
         "entrypoints": set(),
         "serving": set(),
-        "config": set(),
+        "config": {"models"},  # models: the default model's name (TINY)
         "models": set(),
         "dashboard": set(),
         "data": {"entrypoints"},
@@ -84,7 +84,7 @@ ALLOWED: dict[str, frozenset[str]] = {
             *("models", "proxy", "rewards", "runner", "serving", "store", "tracing"),  # rewards: the judge wraps agents
         },
         "<root>": {"agent", "config", "store", "tracing", "trainer"},
-        "cli": {"trainer", "config", "dashboard", "<root>"},
+        "cli": {"trainer", "config", "dashboard", "models", "<root>"},  # models: the default model's name
         "__main__": {"cli"},
     }.items()
 }

@@ -9,11 +9,13 @@ Each backend class offers, beside the `Backend` protocol its instances follow:
 - `engine_options(cfg)`: options the engine needs to serve what it trains (e.g. one adapter per
   agent), merged into the engine's own by the stack; `{}` for full weights;
 - `from_config(cfg, model_dir, *, work_dir)`: the backend, holding the policy loaded from `model_dir`.
+
+A new backend is a module plus one `register_backend` call: a `trainer.backend` choice of its own,
+or (`refines`) a class tried before an existing choice's (as per-agent LoRA refines embedded).
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +23,43 @@ from alight.backends.base import Backend
 from alight.backends.checks import check_algorithm
 from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError
+from alight.parts import Registry
 
 #: Backend classes by name, as `module:Class` (importing one imports no heavy dependency).
-CLASSES = {
-    "embedded": "alight.backends.embedded:EmbeddedBackend",
-    "per_agent_lora": "alight.backends.per_agent_lora:PerAgentLoraBackend",
-    "verl": "alight.backends.verl.backend:VerlBackend",
-}
+CLASSES: Registry[Any] = Registry(
+    "backend class",
+    {
+        "embedded": "alight.backends.embedded:EmbeddedBackend",
+        "per_agent_lora": "alight.backends.per_agent_lora:PerAgentLoraBackend",
+        "verl": "alight.backends.verl.backend:VerlBackend",
+    },
+)
 #: `trainer.backend` -> the classes that may train it, the most specific first (the last selects every config).
 BACKENDS = {"embedded": ("per_agent_lora", "embedded"), "verl": ("verl",)}
 
 
+def register_backend(name: str, target: str | type, *, refines: str | None = None) -> None:
+    """Make the backend class `target` ("module:Class" or the class) trainable: as the choice
+    `trainer.backend=name`, or with `refines`, tried first for that choice (it trains the configs
+    its `selects` accepts, the others fall through to the choice's own classes)."""
+    CLASSES.register(name, target)
+    if refines is None:
+        BACKENDS[name] = (name,)
+    else:
+        BACKENDS[refines] = (name, *(c for c in BACKENDS[refines] if c != name))
+
+
+def unregister_backend(name: str) -> None:
+    """Forget `name` (a test's own backend, at its end)."""
+    CLASSES.unregister(name)
+    BACKENDS.pop(name, None)
+    for choice, names in list(BACKENDS.items()):
+        BACKENDS[choice] = tuple(n for n in names if n != name)
+
+
 def backend_class(name: str) -> Any:
-    """The backend class `name` (a key of `CLASSES`)."""
-    module, _, attribute = CLASSES[name].partition(":")
-    return getattr(importlib.import_module(module), attribute)
+    """The backend class `name` (registered in `CLASSES`)."""
+    return CLASSES.get(name)
 
 
 def backend_for(cfg: ExperimentConfig) -> Any:

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from alight.errors import ConfigError
+from alight.models.resolve import TINY
 
 # The run's shared token (see README "Security"); read from ALIGHT_TOKEN, never shown in help or logs.
 _Token = Annotated[
@@ -96,7 +97,7 @@ def serve(
             " a hub id, a directory of training checkpoints (the newest is served), or for --engine litellm a"
             " LiteLLM model name such as openai/NAME."
         ),
-    ] = "tiny",
+    ] = TINY,
     engine: Annotated[str, typer.Option(help="Inference engine: embedded, vllm or litellm.")] = "embedded",
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port to listen on.")] = 8000,
     host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 exposes the API to other machines.")] = (

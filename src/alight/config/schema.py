@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from alight.models.resolve import TINY
+
 
 def _choices(name: str, *values: str) -> Any:
     """A closed choice as a str Enum whose names are its values (how OmegaConf reads YAML into it): a
@@ -90,7 +92,7 @@ class EngineConfig:
     kind: str = "embedded"  # embedded | vllm | litellm
     # "tiny", a packaged model's name (smollm2-135m-instruct), a Hugging Face model directory, a GGUF file
     # (or a directory holding one; converted once), a hub id, or a LiteLLM model string (litellm engine)
-    model: str = "tiny"
+    model: str = TINY
     # auto: the model's own chat template, or alight's for its family when the model's drops tools;
     # model: always the model's own; chatml-tools: alight's ChatML tool template; or a Jinja file's path
     chat_template: str = "auto"

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from alight.models.resolve import TINY
 from alight.serving.auth import check_bind
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def serve_runners(
 
 
 def serve_model(
-    model: str = "tiny",
+    model: str = TINY,
     *,
     engine: str = "embedded",
     host: str = "127.0.0.1",
