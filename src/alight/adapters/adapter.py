@@ -133,6 +133,21 @@ class SpanAdapter:
         ordered, dropped = ordered_spans(spans)
         stats.rollouts += 1
         stats.spans_other_attempts += dropped
+        calls, rewards, early, air_count = self._collect(ordered, stats)
+        episode = _attach_rewards(calls, reward, rewards, early, air_count, stats)
+        if self.mode == "trajectory":
+            calls, merges, fallbacks = merge_trajectories(calls)
+            stats.trajectory_merges += merges
+            stats.trajectory_fallbacks += fallbacks
+        attempt_id = ordered[0].get("attempt_id") if ordered else None
+        return self._finish(calls, rollout_id, attempt_id, group_id, episode, stats)
+
+    def _collect(
+        self, ordered: list[SpanData], stats: AdapterStats
+    ) -> tuple[list[LLMCall], list[tuple[int, float, SpanData]], float, int]:
+        """One pass over an attempt's ordered spans: (kept calls, reward spans as (latest kept call index,
+        value, span), AIR rewards seen before the first kept call, AIR reward count); AIR rewards after
+        a kept call are already added to it."""
         calls: list[LLMCall] = []
         early, air_count = 0.0, 0  # rewards seen before the first kept call; AIR rewards of this rollout
         rewards: list[tuple[int, float, SpanData]] = []  # (latest kept call index, value, span)
@@ -192,27 +207,7 @@ class SpanAdapter:
                         early += value
         stats.llm_calls += n_llm
         stats.calls_skipped_agent += n_skipped
-        episode, intermediate = episode_reward(reward, rewards)
-        if episode is None:
-            stats.rollouts_without_reward += 1
-            episode = 0.0
-        for index, value in intermediate:
-            stats.intermediate_rewards += 1
-            if index >= 0:
-                calls[index].reward += value
-            else:
-                early += value
-        stats.air_rewards += air_count
-        if calls:
-            calls[0].reward += early
-        else:
-            stats.rewards_unattached += len(intermediate) + air_count
-        if self.mode == "trajectory":
-            calls, merges, fallbacks = merge_trajectories(calls)
-            stats.trajectory_merges += merges
-            stats.trajectory_fallbacks += fallbacks
-        attempt_id = ordered[0].get("attempt_id") if ordered else None
-        return self._finish(calls, rollout_id, attempt_id, group_id, episode, stats)
+        return calls, rewards, early, air_count
 
     def _call(self, span: SpanData, attributes: Mapping[str, Any], agent: Any, stats: AdapterStats) -> LLMCall | None:
         prompt = attributes.get(LLM_PROMPT_TOKEN_IDS)
@@ -280,6 +275,34 @@ class SpanAdapter:
             intermediate.append(call.reward)
         stats.transitions += len(transitions)
         return out
+
+
+def _attach_rewards(
+    calls: list[LLMCall],
+    rollout_reward: float | None,
+    rewards: list[tuple[int, float, SpanData]],
+    early: float,
+    air_count: int,
+    stats: AdapterStats,
+) -> float:
+    """Adds each intermediate reward to its call (those before the first kept call, and `early`, to the
+    first call) and returns the episode reward (0.0 when the attempt has none)."""
+    episode, intermediate = episode_reward(rollout_reward, rewards)
+    if episode is None:
+        stats.rollouts_without_reward += 1
+        episode = 0.0
+    for index, value in intermediate:
+        stats.intermediate_rewards += 1
+        if index >= 0:
+            calls[index].reward += value
+        else:
+            early += value
+    stats.air_rewards += air_count
+    if calls:
+        calls[0].reward += early
+    else:
+        stats.rewards_unattached += len(intermediate) + air_count
+    return episode
 
 
 def episode_reward(

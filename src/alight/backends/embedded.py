@@ -24,6 +24,13 @@ from alight.backends.chunked import response_log_probs
 from alight.backends.lora import load_adapter, merged_weights, save_adapters, with_lora
 from alight.backends.objective import objective
 from alight.backends.optimization import Optimization
+from alight.backends.policy_step import (
+    StepSums,
+    add_log_prob_gap,
+    fill_log_probs,
+    micro_batch_loss,
+    skipped_update_metrics,
+)
 from alight.config.schema import AlgorithmConfig, ExperimentConfig
 from alight.engines.factory import engine_class
 from alight.errors import ConfigError
@@ -173,36 +180,21 @@ class EmbeddedBackend(FactoryDefaults):
 
     def fill_old_log_probs(self, batch: TransitionBatch) -> None:
         """Rows recorded without the engine's log-probs get the current policy's (before any update)."""
-        import torch
-
         missing = (~batch.has_old_log_probs).nonzero().flatten().tolist()
         if not missing:
             return
-        with torch.no_grad():
-            micro = self._micro_batch_size(batch)
-            for start in range(0, len(missing), micro):
-                rows = missing[start : start + micro]
-                part = batch.select(rows)
-                lp = self.log_probs(part)[0].cpu() * part.response_mask
-                batch.old_log_probs[rows, : part.response_length] = lp
+        fill_log_probs(batch.old_log_probs, batch, missing, self._micro_batch_size(batch), self.log_probs)
         batch.has_old_log_probs[:] = True
 
     def fill_proximal_log_probs(self, batch: TransitionBatch) -> None:
         """Stale rows (async training) get the current policy's log-probs (before any update) as
         their proximal anchor; fresh rows keep their behaviour log-probs. No stale row: nothing.
         `update` calls it only when it takes several optimizer steps (see there)."""
-        import torch
-
         if batch.stale is None or not bool(batch.stale.any()):
             return
         proximal = batch.old_log_probs.clone()
         stale = batch.stale.nonzero().flatten().tolist()
-        with torch.no_grad():
-            micro = self._micro_batch_size(batch)
-            for start in range(0, len(stale), micro):
-                rows = stale[start : start + micro]
-                part = batch.select(rows)
-                proximal[rows, : part.response_length] = self.log_probs(part)[0].cpu() * part.response_mask
+        fill_log_probs(proximal, batch, stale, self._micro_batch_size(batch), self.log_probs)
         batch.proximal_log_probs = proximal
 
     # -- updates --------------------------------------------------------------------------------
@@ -228,15 +220,7 @@ class EmbeddedBackend(FactoryDefaults):
         epochs = self.objective.epochs
         if not self._has_gradient(batch):  # nothing to learn: no forward, no step
             micro = self._micro_batch_size(batch)
-            steps = epochs * math.ceil(rows / mini)
-            micros = epochs * sum(math.ceil(min(mini, rows - s) / micro) for s in range(0, rows, mini))
-            return {
-                "actor/optimizer_steps": 0.0,
-                "actor/skipped_steps": float(steps),
-                "actor/skipped_micro_batches": float(micros),
-                "actor/update_tokens": 0.0,
-                "actor/lr": self._optimization().lr,
-            }
+            return skipped_update_metrics(rows, mini, micro, epochs, self._optimization().lr)
         # rows whose behaviour log-probs the engine recorded (fresh ones): the first optimizer step's
         # forward runs on the weights that served them, so it measures the engine-trainer gap for free
         engine_rows = batch.has_old_log_probs if batch.stale is None else batch.has_old_log_probs & ~batch.stale
@@ -298,13 +282,8 @@ class EmbeddedBackend(FactoryDefaults):
         """One optimizer step on `mini`; with `measure_gap` (the first step of an update, on the
         weights that served the rows) the engine-trainer log-prob gap of its engine rows is added
         to `self._gap`."""
-        import torch
-
-        cfg = self.cfg
-        mask_all = mini.response_mask
-        normaliser = float(mask_all.sum()) if cfg.loss_agg == "token_mean" else float(len(mini))
-        totals = {"loss": 0.0, "clipfrac": 0.0, "ppo_kl": 0.0, "kl": 0.0, "entropy": 0.0, "is_w": 0.0, "is_cap": 0.0}
-        tokens = 0.0
+        normaliser = float(mini.response_mask.sum()) if self.cfg.loss_agg == "token_mean" else float(len(mini))
+        sums = StepSums()
         skipped = forwarded = 0
         ran_tokens = 0.0
         for micro in mini.split(self._micro_batch_size(mini)):
@@ -314,53 +293,21 @@ class EmbeddedBackend(FactoryDefaults):
             forwarded += 1
             ran_tokens += float((micro.prompt_lengths + micro.response_lengths).sum())
             micro = micro.to(self.device)
-            mask = micro.response_mask
-            tokens += float(mask.sum())
             log_probs, token_entropy = self.log_probs(micro, entropy=True)
             assert token_entropy is not None
-            if cfg.entropy_coef == 0:
-                token_entropy = token_entropy.detach()
             if measure_gap and ENGINE_ROWS in micro.meta:
-                recorded = torch.tensor(micro.meta[ENGINE_ROWS], dtype=torch.bool, device=mask.device)
-                gap_sum, gap_max, gap_tokens = losses.log_prob_gap(
-                    log_probs, micro.old_log_probs, mask * recorded[:, None]
-                )
-                self._gap = [self._gap[0] + gap_sum, max(self._gap[1], gap_max), self._gap[2] + gap_tokens]
-            proximal = micro.proximal_log_probs
-            if proximal is None and micro.stale is not None and bool(micro.stale.any()):  # one step: see `update`
-                proximal = torch.where(micro.stale[:, None], log_probs.detach() * mask, micro.old_log_probs)
-            if proximal is None:  # on-policy rows: the behaviour policy is the proximal one
-                pg, clipped, approx_kl = losses.clipped_policy_loss(
-                    log_probs, micro.old_log_probs, micro.advantages, cfg.clip_ratio_low, cfg.clip_ratio_high
-                )
-                weight, capped = mask.to(torch.float32), torch.zeros_like(log_probs)
-            else:
-                pg, clipped, approx_kl, weight, capped = losses.decoupled_policy_loss(
-                    log_probs,
-                    proximal,
-                    micro.old_log_probs,
-                    micro.advantages,
-                    cfg.clip_ratio_low,
-                    cfg.clip_ratio_high,
-                    cfg.is_cap,
-                )
-            loss = losses.aggregate(pg, mask, cfg.loss_agg, normaliser=normaliser)
-            if cfg.entropy_coef:
-                loss = loss - cfg.entropy_coef * losses.aggregate(
-                    token_entropy, mask, cfg.loss_agg, normaliser=normaliser
-                )
-            if cfg.kl_coef:
-                kl = losses.kl_penalty(log_probs, self._reference_log_probs(micro), cfg.kl_estimator)
-                loss = loss + cfg.kl_coef * losses.aggregate(kl, mask, cfg.loss_agg, normaliser=normaliser)
-                totals["kl"] += float((kl.detach() * mask).sum())
+                self._gap = add_log_prob_gap(self._gap, log_probs, micro, micro.meta[ENGINE_ROWS])
+            loss = micro_batch_loss(
+                micro,
+                log_probs,
+                token_entropy,
+                self.cfg,
+                normaliser=normaliser,
+                reference_log_probs=self._reference_log_probs,
+                sums=sums,
+            )
             loss.backward()  # type: ignore[no-untyped-call]
-            totals["loss"] += float(loss.detach())
-            m = mask.to(torch.float32)
-            totals["clipfrac"] += float((clipped * m).sum())
-            totals["ppo_kl"] += float((approx_kl.detach() * m).sum())
-            totals["entropy"] += float((token_entropy.detach() * m).sum())
-            totals["is_w"] += float((weight * m).sum())
-            totals["is_cap"] += float((capped * m).sum())
+            sums.loss += float(loss.detach())
         done = {"skipped_micro_batches": float(skipped), "forwarded_tokens": ran_tokens}
         optimization = self._optimization()
         if not forwarded:  # no gradient at all: AdamW would still move the weights (momentum, decay)
@@ -368,20 +315,7 @@ class EmbeddedBackend(FactoryDefaults):
             return {**done, "skipped_step": 1.0}
         lr = optimization.lr
         grad_norm = optimization.step()
-        per_token = max(tokens, 1.0)  # the metrics average the tokens that ran
-        return {
-            **done,
-            "skipped_step": 0.0,
-            "actor/loss": totals["loss"],
-            "actor/pg_clipfrac": totals["clipfrac"] / per_token,
-            "actor/ppo_kl": totals["ppo_kl"] / per_token,
-            "actor/kl": totals["kl"] / per_token,
-            "actor/entropy": totals["entropy"] / per_token,
-            "actor/is_weight_mean": totals["is_w"] / per_token,
-            "actor/is_capped_frac": totals["is_cap"] / per_token,
-            "actor/grad_norm": grad_norm,
-            "actor/lr": lr,
-        }
+        return {**done, "skipped_step": 0.0, **sums.metrics(), "actor/grad_norm": grad_norm, "actor/lr": lr}
 
     def supervised_step(self, batch: TransitionBatch) -> dict[str, float]:
         """One optimizer step of negative log-likelihood on the batch's response tokens."""

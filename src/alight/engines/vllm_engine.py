@@ -21,16 +21,9 @@ trainer's forward pass recomputes. vLLM's `processed_logprobs` are that only whe
 min-p cut is applied (it takes them after the cut); for a request that cuts, the engine records
 no log-probs (the trainer recomputes them) and says so once.
 
-Weight updates write the new weights into the directory vLLM serves and ask it to reload them from
-disk (`/collective_rpc` with `reload_weights`, available with VLLM_SERVER_DEV_MODE=1, which the
-engine sets); if that fails, the process is restarted on the new weights.
-
-Sleep mode (on by default on a GPU) lets vLLM and a colocated trainer share one GPU by turns: the
-server starts with `--enable-sleep-mode`, and while the trainer updates the policy the proxy calls
-`sleep()` (`POST /sleep?level=N`, a dev endpoint like /collective_rpc) and then `wake_up()`
-(`POST /wake_up`). Level 1 moves the weights to CPU RAM and frees the KV cache; level 2 frees
-both (no CPU copy, for hosts short of RAM) and wake-up reloads the weights from the served
-directory, the order vLLM's sleep-mode guide gives (wake the weights, reload, wake the KV cache).
+Weight updates (vLLM reloads them from the served directory, or restarts) and sleep mode (a
+colocated trainer and vLLM share one GPU by turns) are `alight.engines.vllm_weights`; the request
+bodies and reading the answers, `alight.engines.vllm_requests`.
 """
 
 from __future__ import annotations
@@ -39,21 +32,21 @@ import asyncio
 import json
 import logging
 import os
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alight.engines.base import (
-    NEUTRAL_SAMPLING,
-    ChatRequest,
-    CompletionRequest,
-    Engine,
-    Generation,
-    SamplingParams,
+from alight.engines.base import ChatRequest, CompletionRequest, Engine, Generation
+from alight.engines.vllm_requests import END_OF_TURN_TEXTS as END_OF_TURN_TEXTS  # re-exported
+from alight.engines.vllm_requests import (
+    chat_body,
+    completion_body,
+    context_overflow,
+    cuts_distribution,
+    error_message,
+    generation_from_vllm,
+    sampled_with,
 )
-from alight.engines.openai_response import generation_from_response, optional_sampling
-from alight.engines.toolcalls import assistant_message, validate_tools
 from alight.engines.vllm_server import (
     VLLMLauncher,
     VLLMProcess,
@@ -62,128 +55,22 @@ from alight.engines.vllm_server import (
     link_model_dir,
     serve_command,
     server_env,
-    write_weights,
 )
-from alight.errors import (
-    AlightError,
-    ConfigError,
-    ContextLengthError,
-    EngineUnavailableError,
-    InvalidRequestError,
-    one_line,
-)
+from alight.engines.vllm_weights import ServedWeights
+from alight.errors import ConfigError, ContextLengthError, EngineUnavailableError, InvalidRequestError
 from alight.models.resolve import TINY
 
 if TYPE_CHECKING:
     from alight.config.schema import EngineConfig
 
-
 logger = logging.getLogger(__name__)
 
-END_OF_TURN_TEXTS = ("<|im_end|>", "<|endoftext|>")
 SLEEP_LEVELS = (1, 2)
 RELOADS = ("auto", "in_place", "restart")
 GPU_MEMORY_UTILIZATION = 0.5  # the default share of the GPU's memory a started server takes
-# vLLM's context-length refusals: the limit, and the prompt's tokens where it says them
-_LIMIT = re.compile(r"maximum context length is (\d+) tokens")
-_PROMPT = re.compile(r"(\d+) in the messages|(\d+) input tokens|prompt contains at least (\d+)")
 
 
-def _body(sampling: SamplingParams, served_name: str, extra: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    """The fields every vLLM request of alight's carries: ids back, special tokens kept (the
-    <tool_call> markup is one in some tokenizers), every sampling setting; then `extra` on top."""
-    body: dict[str, Any] = {
-        "model": served_name,
-        **fields,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        **NEUTRAL_SAMPLING,  # sent, so the model's generation_config.json cannot change them
-        "return_token_ids": True,
-        "skip_special_tokens": False,
-    }
-    body.update(optional_sampling(sampling))
-    return {**body, **extra}
-
-
-def chat_body(request: ChatRequest, served_name: str, chat_template: str | None = None) -> dict[str, Any]:
-    """vLLM chat request body for an alight ChatRequest (`chat_template`: a template text sent with
-    the request, for a server alight did not start)."""
-    fields: dict[str, Any] = {"messages": request.messages, "logprobs": request.sampling.logprobs}
-    tools = validate_tools(request.tools)
-    if tools:
-        fields["tools"] = tools
-        fields["tool_choice"] = "none"  # tools go into the template; alight parses the calls itself
-    if request.response_format is not None:
-        fields["response_format"] = request.response_format
-    if chat_template is not None:
-        fields["chat_template"] = chat_template
-    return _body(request.sampling, served_name, request.extra, **fields)
-
-
-def completion_body(request: CompletionRequest, served_name: str) -> dict[str, Any]:
-    """vLLM completions request body (prompt text or token ids)."""
-    fields: dict[str, Any] = {"prompt": request.prompt}
-    if request.sampling.logprobs:
-        fields["logprobs"] = 1
-    return _body(request.sampling, served_name, request.extra, **fields)
-
-
-def sampled_with(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The sampling settings a request body asks vLLM for (recorded on the call's span)."""
-    keys = ("temperature", "top_p", *NEUTRAL_SAMPLING, "max_tokens", "seed", "stop")
-    return {key: body[key] for key in keys if key in body}
-
-
-def cuts_distribution(body: Mapping[str, Any]) -> bool:
-    """Whether vLLM samples this request from a cut distribution (top-k, top-p or min-p): its
-    processed log-probs are then renormalised over what the cut kept, not the trainer's."""
-    if float(body.get("temperature", 1.0)) <= 0:  # greedy: no cut applies (vLLM's greedy path)
-        return False
-    top_k = int(body.get("top_k") or 0)
-    return float(body.get("top_p", 1.0)) < 1.0 or top_k > 0 or float(body.get("min_p") or 0.0) > 0.0
-
-
-def generation_from_vllm(
-    data: dict[str, Any], *, chat: bool, served_name: str, parse_tools: bool, weights_version: int | None
-) -> Generation:
-    """A Generation from a vLLM response: ids from vLLM, tool calls parsed from the raw text."""
-    generation = generation_from_response(data, model=served_name, chat=chat, weights_version=weights_version)
-    text = generation.text
-    for end in END_OF_TURN_TEXTS:  # vLLM leaves the stop token out of the text; be sure of it
-        text = text.removesuffix(end)
-    generation.text = text
-    if chat:
-        generation.message = assistant_message(text, parse_tools=parse_tools)
-        if generation.message.get("tool_calls") and generation.finish_reason == "stop":
-            generation.finish_reason = "tool_calls"
-    else:
-        generation.message = {"role": "assistant", "content": text}
-    return generation
-
-
-def _error_message(response: Any) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return one_line(response.text, 300) or f"HTTP {response.status_code}"
-    error = body.get("error") if isinstance(body, dict) else None
-    message = error.get("message") if isinstance(error, dict) else body.get("message") or body.get("detail")
-    return one_line(str(message or body), 300)
-
-
-def context_overflow(message: str) -> tuple[int, int | None] | None:
-    """(the context length, the prompt's tokens where stated) of a vLLM context-length refusal; None
-    for any other error. vLLM 0.32 refuses only prompts that fill the context; 0.24-0.31 also refuse
-    prompt + max_tokens over it ("... (P in the messages, C in the completion)")."""
-    limit = _LIMIT.search(message)
-    if limit is None:
-        return None
-    prompt = _PROMPT.search(message)
-    tokens = next((int(g) for g in prompt.groups() if g), None) if prompt else None
-    return int(limit.group(1)), tokens
-
-
-class VLLMEngine(Engine):
+class VLLMEngine(ServedWeights, Engine):
     """Serves `model` (a spec `alight.models.resolve.resolve_model` takes) with a vLLM server process it starts.
 
     With `base_url` it talks to a vLLM server that is already running instead: the model name it
@@ -417,9 +304,9 @@ class VLLMEngine(Engine):
         except httpx.HTTPError as err:
             raise EngineUnavailableError(f"vllm engine: {self.server_root} did not answer: {err!r}") from err
         if response.status_code in (400, 404, 422):
-            raise InvalidRequestError(_error_message(response))
+            raise InvalidRequestError(error_message(response))
         if response.status_code >= 300:
-            raise EngineUnavailableError(f"vllm engine: HTTP {response.status_code}: {_error_message(response)}")
+            raise EngineUnavailableError(f"vllm engine: HTTP {response.status_code}: {error_message(response)}")
         return response.json() if response.content else None
 
     async def _get(self, path: str) -> Any:
@@ -477,91 +364,3 @@ class VLLMEngine(Engine):
             data, chat=False, served_name=self._served_name, parse_tools=False, weights_version=version
         )
         return self._finish(generation, body)
-
-    # -- weights -------------------------------------------------------------------------------------
-
-    async def update_weights(self, weights: Mapping[str, Any] | str, version: int) -> None:
-        """Write the weights into the served directory and have vLLM load them: in place, or by a
-        restart where the in-place reload cannot be trusted (`reload`) or fails.
-
-        The proxy calls this with no request in flight."""
-        if self._serving_dir is None:
-            raise ConfigError("vllm engine: weight updates need the engine to start the vLLM server itself")
-        await asyncio.to_thread(write_weights, self._serving_dir, weights)
-        if self._reload == "restart":
-            await self.close_and_restart()
-        else:
-            try:
-                await self._request("POST", "/collective_rpc", {"method": "reload_weights"})
-            except AlightError as err:
-                logger.warning("vllm engine: in-place reload failed (%s); restarting the vLLM server", err)
-                await self.close_and_restart()
-            else:
-                try:  # cached prefixes were computed by the old weights
-                    await self._request("POST", "/reset_prefix_cache")
-                except AlightError as err:
-                    logger.warning("vllm engine: could not reset the prefix cache: %s", err)
-        self._version = version
-        logger.info("vllm engine: serving weights version %d", version)
-
-    async def close_and_restart(self) -> None:
-        """Stop the vLLM process and start it again on the served directory (the fallback reload)."""
-        if self._process is None:
-            raise EngineUnavailableError("vllm engine: no vLLM process to restart")
-        await asyncio.to_thread(self._process.stop)
-        await self._launch()
-
-    # -- sleep mode ------------------------------------------------------------------------------
-
-    @property
-    def asleep(self) -> bool:
-        """Whether the server is asleep now (between `sleep` and `wake_up`)."""
-        return self._asleep
-
-    async def sleep(self) -> None:
-        """Have vLLM free its GPU memory (`POST /sleep?level=N`). The proxy calls it with no request
-        in flight. Nothing happens with sleep_mode off, or (after one warning) with a base_url
-        server that cannot sleep."""
-        if not self._sleep_mode or self._cannot_sleep or self._asleep:
-            return
-        # mode=wait: vLLM lets a request still running finish (a shared base_url server may have some)
-        if await self._dev_post(f"/sleep?level={self._sleep_level}&mode=wait", may_lack=self._process is None):
-            self._asleep = True
-            logger.info("vllm engine: asleep (level %d)", self._sleep_level)
-
-    async def wake_up(self) -> None:
-        """Take the GPU memory back (`POST /wake_up`); at level 2, reload the served weights first."""
-        if not self._asleep:
-            return
-        if self._sleep_level == 1:
-            await self._dev_post("/wake_up")
-        else:  # level 2 kept no copy of the weights: allocate them, read them from disk, then the KV cache
-            await self._dev_post("/wake_up?tags=weights")
-            await self._request("POST", "/collective_rpc", {"method": "reload_weights"})
-            await self._dev_post("/wake_up?tags=kv_cache")
-        self._asleep = False
-        logger.info("vllm engine: awake")
-
-    async def _dev_post(self, path: str, *, may_lack: bool = False) -> bool:
-        """POST to one of vLLM's dev endpoints. With `may_lack`, a refusal (no such endpoint: the
-        server runs without VLLM_SERVER_DEV_MODE=1; or no --enable-sleep-mode) is a warning and False."""
-        import httpx
-
-        try:
-            async with httpx.AsyncClient(timeout=self._request_timeout_s) as client:
-                response = await client.post(f"{self.server_root}{path}")
-        except httpx.HTTPError as err:
-            raise EngineUnavailableError(f"vllm engine: {self.server_root} did not answer: {err!r}") from err
-        if response.status_code < 300:
-            return True
-        message = f"vllm engine: POST {path} answered HTTP {response.status_code}: {_error_message(response)}"
-        if not may_lack:
-            raise EngineUnavailableError(message)
-        self._cannot_sleep = True
-        logger.warning(
-            "%s; the server at %s keeps its GPU memory during updates (start it with VLLM_SERVER_DEV_MODE=1 "
-            "and --enable-sleep-mode to let it sleep, or set sleep_mode: false to skip this)",
-            message,
-            self.server_root,
-        )
-        return False

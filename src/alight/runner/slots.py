@@ -1,4 +1,4 @@
-"""What the runner supervisor knows about each seat of its pool, and the pool's counts."""
+"""What the runner supervisor knows about each seat of its pool, the pool's counts, and when it kills a runner."""
 
 from __future__ import annotations
 
@@ -72,3 +72,22 @@ class Seat:
     @property
     def alive(self) -> bool:
         return self.runner is not None and self.runner.alive
+
+
+def kill_reason(
+    held: Held | None, stalled: str | None, now: float, kill_grace_s: float, stop_deadline: float | None
+) -> tuple[AttemptStatus, str] | None:
+    """Why the supervisor kills a seat's runner at `now`, as (the status its attempt ends with, the
+    reason), or None to let it run: the attempt it holds ran past its deadline (the rollout's timeout
+    plus `kill_grace_s`), its transport finds it `stalled`, or the pool's `stop_deadline` passed."""
+    if held is not None and held.deadline is not None and now > held.deadline:
+        reason = (
+            f"killed by the runner pool: the attempt ran past its timeout of {held.timeout_s:g} s "
+            f"(+{kill_grace_s:g} s grace) and the agent did not stop"
+        )
+        return AttemptStatus.TIMEOUT, reason
+    if stalled is not None:
+        return AttemptStatus.TIMEOUT, f"killed by the runner pool: {stalled}"
+    if stop_deadline is not None and now >= stop_deadline:
+        return AttemptStatus.FAILED, "the runner pool stopped before the attempt finished"
+    return None

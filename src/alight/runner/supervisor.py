@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Self, TypedDict
 
 from alight.errors import ConfigError
 from alight.runner.endings import Ending, record_end, runner_credential, store_counts
-from alight.runner.slots import Held, PoolStats, Seat
+from alight.runner.slots import Held, PoolStats, Seat, kill_reason
 from alight.runner.transport import Event, Transport
 from alight.runner.worker import DRAIN_SIGNALS, WorkerSpec
 from alight.serving.auth import runner_token
@@ -342,19 +342,9 @@ class Supervisor:
     def _enforce_deadlines(self, seat: Seat, now: float) -> None:
         if seat.kill_reason is not None or seat.runner is None:
             return
-        held = seat.holding
         stalled = seat.runner.stalled(now)
-        if held is not None and held.deadline is not None and now > held.deadline:
-            reason = (
-                f"killed by the runner pool: the attempt ran past its timeout of {held.timeout_s:g} s "
-                f"(+{self.kill_grace_s:g} s grace) and the agent did not stop"
-            )
-            seat.kill_reason = (AttemptStatus.TIMEOUT, reason)
-        elif stalled is not None:
-            seat.kill_reason = (AttemptStatus.TIMEOUT, f"killed by the runner pool: {stalled}")
-        elif self._stop_deadline is not None and now >= self._stop_deadline:
-            seat.kill_reason = (AttemptStatus.FAILED, "the runner pool stopped before the attempt finished")
-        else:
+        seat.kill_reason = kill_reason(seat.holding, stalled, now, self.kill_grace_s, self._stop_deadline)
+        if seat.kill_reason is None:
             return
         logger.warning("%s: killing %s: %s", self.transport.log_name, seat.runner.name, seat.kill_reason[1])
         seat.runner.kill()

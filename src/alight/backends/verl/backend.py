@@ -30,11 +30,9 @@ without CUDA (unless `RAY_ADDRESS` names a cluster whose nodes have the GPUs, or
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import math
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -42,6 +40,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alight.backends.base import FactoryDefaults
+from alight.backends.verl.checks import INSTALL as INSTALL  # re-exported
+from alight.backends.verl.checks import NEEDS as NEEDS  # re-exported
+from alight.backends.verl.checks import NO_WARM_START, check_verl_backend
 from alight.backends.verl.metrics import alight_metrics
 from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError
@@ -54,12 +55,6 @@ if TYPE_CHECKING:
     from alight.backends.verl.workers import WorkerGroups
 
 logger = logging.getLogger(__name__)
-
-#: Top-level modules the backend imports; without any of them, choosing it is a one-line error.
-NEEDS = ("verl", "ray", "tensordict")
-INSTALL = 'pip install "alight[verl]"'
-
-NO_WARM_START = "trainer.backend verl has no warm start (it trains pretrained models): set warm_start.steps=0"
 
 #: Where a checkpoint keeps verl's own state (beside the servable model at its top level).
 VERL_DIR = "verl"
@@ -82,35 +77,8 @@ class VerlBackend(FactoryDefaults):
     @classmethod
     def check_config(cls, cfg: ExperimentConfig) -> None:
         """Per-agent LoRA, a missing extra, `algorithm.name: sft`, a warm start, or no CUDA: one
-        `ConfigError` line."""
-        if cfg.algorithm.lora.per_agent:
-            raise ConfigError(
-                "algorithm.lora.per_agent: not yet with trainer.backend=verl "
-                "(the embedded backend and engine only; the verl/vLLM path (GPUs) is not built yet)"
-            )
-        missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
-        if missing:
-            raise ConfigError(f"trainer.backend verl needs {', '.join(missing)}: {INSTALL}")
-        if cfg.algorithm.name not in ("grpo", "ppo"):
-            raise ConfigError(
-                f"trainer.backend verl trains algorithm.name grpo or ppo, not {cfg.algorithm.name!r} "
-                "(sft runs on trainer.backend=embedded)"
-            )
-        if cfg.algorithm.loss not in ("auto", "policy"):
-            raise ConfigError(f"trainer.backend verl trains with algorithm.loss policy, not {cfg.algorithm.loss!r}")
-        if cfg.warm_start.steps > 0:
-            raise ConfigError(NO_WARM_START)
-        from alight.backends.verl.config import CPU, verl_device
-
-        if verl_device(cfg) == CPU:  # verl's workers on this machine's CPUs (cpu_platform)
-            return
-        import torch
-
-        if not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):
-            raise ConfigError(
-                "trainer.backend verl needs CUDA GPUs (verl's FSDP workers run on CUDA) and this machine has "
-                "none; set RAY_ADDRESS to a GPU Ray cluster, verl.trainer.device=cpu, or trainer.backend=embedded"
-            )
+        `ConfigError` line (`alight.backends.verl.checks`)."""
+        check_verl_backend(cfg)
 
     @classmethod
     def from_config(

@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alight.backends.verl import correction
-from alight.config.schema import ExperimentConfig
+from alight.config.schema import ExperimentConfig, LoraConfig
 from alight.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -177,35 +177,12 @@ def alight_settings(cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path) -
         "lr_warmup_steps": int(algo.warmup_steps),
         "clip_grad": clip,
     }
-    lora = algo.lora
-    model: dict[str, Any] = {
-        "path": str(model_dir),
-        "override_config": override,
-        "lora_rank": int(lora.r) if lora.enabled else 0,
-    }
-    if lora.enabled:  # merged: the engine serves full weights (verl would otherwise hand out adapters only)
-        model.update(lora_alpha=int(lora.alpha), target_modules=list(lora.target_modules), lora={"merge": True})
     device = verl_device(cfg)
     settings: dict[str, Any] = {
         "data": {"train_batch_size": trainer.batch_size, "seed": seed},
         "actor_rollout_ref": {
-            "model": model,
-            "actor": {
-                "optim": {**optim, "lr": float(algo.lr)},
-                "grad_clip": clip,
-                "clip_ratio_low": float(algo.clip_ratio_low),
-                "clip_ratio_high": float(algo.clip_ratio_high),
-                "loss_agg_mode": LOSS_AGG_MODES[algo.loss_agg],
-                "use_kl_loss": algo.kl_coef > 0,
-                "kl_loss_coef": float(algo.kl_coef),
-                "kl_loss_type": KL_LOSS_TYPES[algo.kl_estimator],
-                "entropy_coeff": float(algo.entropy_coef),
-                "ppo_epochs": algo.ppo_epochs if ppo else algo.epochs,
-                "ppo_mini_batch_size": ppo_mini_batch_prompts(cfg),
-                "ppo_micro_batch_size_per_gpu": micro,
-                "data_loader_seed": seed,
-                "fsdp_config": {"seed": seed},
-            },
+            "model": _policy_model_settings(algo.lora, model_dir, override),
+            "actor": _actor_settings(cfg, optim, clip),
             "ref": {"log_prob_micro_batch_size_per_gpu": micro, "fsdp_config": {"seed": seed}},
             "rollout": {
                 "name": "vllm",
@@ -244,6 +221,39 @@ def alight_settings(cfg: ExperimentConfig, model_dir: Path, *, work_dir: Path) -
     if device == CPU:
         on_cpu(settings)
     return settings
+
+
+def _policy_model_settings(lora: LoraConfig, model_dir: Path, override: dict[str, Any]) -> dict[str, Any]:
+    """actor_rollout_ref.model: the policy's weights, and its LoRA adapters when enabled."""
+    model: dict[str, Any] = {
+        "path": str(model_dir),
+        "override_config": override,
+        "lora_rank": int(lora.r) if lora.enabled else 0,
+    }
+    if lora.enabled:  # merged: the engine serves full weights (verl would otherwise hand out adapters only)
+        model.update(lora_alpha=int(lora.alpha), target_modules=list(lora.target_modules), lora={"merge": True})
+    return model
+
+
+def _actor_settings(cfg: ExperimentConfig, optim: dict[str, Any], clip: float) -> dict[str, Any]:
+    """actor_rollout_ref.actor: the policy loss, its optimizer (`optim` with the actor's lr) and batching."""
+    algo, seed, micro = cfg.algorithm, cfg.trainer.seed, cfg.algorithm.micro_batch_size
+    return {
+        "optim": {**optim, "lr": float(algo.lr)},
+        "grad_clip": clip,
+        "clip_ratio_low": float(algo.clip_ratio_low),
+        "clip_ratio_high": float(algo.clip_ratio_high),
+        "loss_agg_mode": LOSS_AGG_MODES[algo.loss_agg],
+        "use_kl_loss": algo.kl_coef > 0,
+        "kl_loss_coef": float(algo.kl_coef),
+        "kl_loss_type": KL_LOSS_TYPES[algo.kl_estimator],
+        "entropy_coeff": float(algo.entropy_coef),
+        "ppo_epochs": algo.ppo_epochs if algo.name == "ppo" else algo.epochs,
+        "ppo_mini_batch_size": ppo_mini_batch_prompts(cfg),
+        "ppo_micro_batch_size_per_gpu": micro,
+        "data_loader_seed": seed,
+        "fsdp_config": {"seed": seed},
+    }
 
 
 def on_cpu(settings: dict[str, Any]) -> None:

@@ -127,89 +127,94 @@ def unpinned_offload_policy(*args: Any, **kwargs: Any) -> Any:
     return CPUOffloadPolicy(*args, **kwargs)
 
 
+class CpuPlatformMixin:
+    """verl's platform interface on the CPU (gloo, no accelerator, no profiler): the body of
+    `CpuPlatform`, which `_platform_class` puts on verl's `PlatformBase` when it registers."""
+
+    device = CpuDevice()
+
+    @property
+    def device_name(self) -> str:
+        return "cpu"
+
+    @property
+    def vendor_name(self) -> str:
+        return "cpu"
+
+    @property
+    def device_module(self) -> Any:
+        return self.device
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        return False  # chosen by VERL_PLATFORM only, never by verl's auto-detection
+
+    def current_device(self) -> str:
+        return "cpu"  # verl moves tensors `.to(get_device_id())`: an index would name an accelerator
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: int) -> None:
+        return None
+
+    def synchronize(self, device_index: int | None = None) -> None:
+        return None
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
+
+    def empty_cache(self) -> None:
+        return None
+
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        return "ALIGHT_CPU_VISIBLE_DEVICES"
+
+    @contextlib.contextmanager
+    def nvtx_range(self, msg: str) -> Iterator[None]:
+        yield
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def ray_resource_name(self) -> str:
+        return "CPU"
+
+    def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
+        return {}  # no accelerator to reserve: the placement group's CPU bundles place the workers
+
+    def ray_noset_envvars(self) -> list[str]:
+        return []
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def cudart(self) -> Any:
+        return None
+
+
 def _platform_class() -> type[Any]:
     from verl.plugin.platform import PlatformBase, PlatformRegistry
 
-    class CpuPlatform(PlatformBase):  # type: ignore[misc]
+    class CpuPlatform(CpuPlatformMixin, PlatformBase):  # type: ignore[misc]
         """verl's platform interface on the CPU (gloo, no accelerator, no profiler)."""
-
-        device = CpuDevice()
-
-        @property
-        def device_name(self) -> str:
-            return "cpu"
-
-        @property
-        def vendor_name(self) -> str:
-            return "cpu"
-
-        @property
-        def device_module(self) -> Any:
-            return self.device
-
-        def is_available(self) -> bool:
-            return True
-
-        def is_platform_available(self, use_smi_check: bool = False) -> bool:
-            return False  # chosen by VERL_PLATFORM only, never by verl's auto-detection
-
-        def current_device(self) -> str:  # type: ignore[override]
-            return "cpu"  # verl moves tensors `.to(get_device_id())`: an index would name an accelerator
-
-        def device_count(self) -> int:
-            return 1
-
-        def set_device(self, device_index: int) -> None:
-            return None
-
-        def synchronize(self, device_index: int | None = None) -> None:
-            return None
-
-        def manual_seed(self, seed: int) -> None:
-            torch.manual_seed(seed)
-
-        def manual_seed_all(self, seed: int) -> None:
-            torch.manual_seed(seed)
-
-        def set_allocator_settings(self, settings: str) -> None:
-            return None
-
-        def empty_cache(self) -> None:
-            return None
-
-        def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
-            return None, None
-
-        def communication_backend_name(self) -> str:
-            return "gloo"
-
-        def visible_devices_envvar(self) -> str:
-            return "ALIGHT_CPU_VISIBLE_DEVICES"
-
-        @contextlib.contextmanager
-        def nvtx_range(self, msg: str) -> Iterator[None]:
-            yield
-
-        def profiler_start(self) -> None:
-            return None
-
-        def profiler_stop(self) -> None:
-            return None
-
-        def ray_resource_name(self) -> str:
-            return "CPU"
-
-        def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
-            return {}  # no accelerator to reserve: the placement group's CPU bundles place the workers
-
-        def ray_noset_envvars(self) -> list[str]:
-            return []
-
-        def is_ipc_supported(self) -> bool:
-            return False
-
-        def cudart(self) -> Any:
-            return None
 
     registered: type[Any] = PlatformRegistry.register(platform=PLATFORM)(CpuPlatform)
     return registered
