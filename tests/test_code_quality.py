@@ -208,3 +208,82 @@ def test_the_import_graph_reader_sees_every_kind_of_import(tmp_path: Path) -> No
     assert "alight.store.sqlite" in graph["alight.store"]  # inside a function of store/__init__.py
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# -- one contract for every replaceable part -------------------------------------------------------
+
+#: A config section whose `kind` (or `backend`) chooses a part's kind -> the part that owns it.
+KIND_OWNERS = {
+    "engine": "engines",
+    "optimizer": "engines",  # algorithm.apo.optimizer: an engine section
+    "store": "stores",
+    "store_spec": "store",
+    "sandbox": "sandbox",
+    "reward": "rewards",
+    "runner": "runner",
+    "trainer": "backends",
+}
+
+
+def _strings(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    return isinstance(node, ast.Tuple | ast.List | ast.Set) and bool(node.elts) and all(map(_strings, node.elts))
+
+
+def _kind_owner(node: ast.AST) -> str | None:
+    """The part whose kind `node` reads (`cfg.engine.kind` -> engines), None when it reads no part's
+    kind (a span's, a message's, a credential's kind is data, not a part)."""
+    if isinstance(node, ast.Attribute) and node.attr in ("kind", "backend"):
+        section = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", "")
+        owner = KIND_OWNERS.get(section)
+        return "store" if owner == "stores" else owner
+    return None
+
+
+def test_no_part_kind_is_compared_to_a_string_outside_its_part() -> None:
+    """What others ask of a kind is its class's answer (a capability), never its name's."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        part = _part(".".join(["alight", *path.relative_to(PACKAGE).with_suffix("").parts]))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            if not any(map(_strings, sides)):
+                continue
+            for side in sides:
+                owner = _kind_owner(side)
+                if owner is None or owner == part:
+                    continue
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "a part's kind compared to a string outside its part:\n" + "\n".join(found)
+
+
+def test_the_tiny_model_is_named_in_one_place() -> None:
+    named = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value == "tiny"
+    ]
+    assert named == ["models/resolve.py:22"] or (len(named) == 1 and named[0].startswith("models/resolve.py")), named
+
+
+#: Module and function sizes (lines, docstrings included): past them a file or function holds two things.
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_module_or_function_is_too_long() -> None:
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long.append(f"{path.relative_to(PACKAGE)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {size} lines")
+    assert not long, "split these:\n" + "\n".join(sorted(long))
