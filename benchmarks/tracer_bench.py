@@ -108,7 +108,7 @@ async def _overheads(kind: str, calls: int, repeat: int) -> dict[str, list[float
     from alight.tracing import make_tracer
     from alight.types import Rollout, Task
 
-    tracer = make_tracer(kind)  # type: ignore[arg-type]
+    tracer = make_tracer(kind)
     tracer.instrument()
     original = module.Completions.create.__wrapped__  # type: ignore[attr-defined]
     store = MemoryStore()

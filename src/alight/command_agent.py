@@ -57,9 +57,10 @@ from alight import semconv
 from alight.agent import LLM, AgentFailure, LitAgent
 from alight.config.schema import RewardConfig, SandboxConfig
 from alight.errors import ConfigError
+from alight.rewards.kinds import reward_kind
 from alight.rewards.tests import check_hidden, check_tests_reward, reward_from_tests
 from alight.sandbox.base import RunResult, SandboxError, task_folder
-from alight.sandbox.factory import check_sandbox, open_sandbox, sandbox_environment
+from alight.sandbox.factory import check_sandbox, isolates, open_sandbox, sandbox_environment
 from alight.sandbox.process import run_process
 from alight.tracing.context import current_attempt, current_frame
 from alight.types import Attempt, Rollout, SpanKind
@@ -91,7 +92,9 @@ class CommandAgent(LitAgent):
         self.cwd = str(Path(cwd if cwd is not None else Path.cwd()).expanduser().resolve())
         self.command = _checked_command(command, self.cwd)
         self.reward = reward
-        self.tests = reward.tests if reward is not None and reward.kind == "tests" else None  # they give the reward
+        self.tests = (
+            reward.tests if reward is not None and reward_kind(reward).runs_in_sandbox else None
+        )  # they give it
         self.sandbox = sandbox if sandbox is not None or self.tests is None else SandboxConfig()
         self.time_s = self.sandbox.time_s if self.sandbox is not None else None
         if self.sandbox is not None:  # cwd becomes the working copy: the script's path must not depend on it
@@ -143,7 +146,7 @@ class CommandAgent(LitAgent):
             if reward is None:
                 raise AgentFailure(f"agent {self.name}: ALIGHT_REWARD_FILE holds {written[:80]!r}, not a reward")
             return reward
-        if lines.reward is None and (self.reward is None or self.reward.kind == "agent"):
+        if lines.reward is None and reward_kind(self.reward).agent_gives_reward:
             await _adopt_posted_reward(*(env.get(k, "") for k in ("ALIGHT_ROLLOUT_ID", "ALIGHT_ATTEMPT_ID")))
         return lines.reward
 
@@ -207,15 +210,16 @@ def command_agent(
 
 def check_command_agent(command: Any, sandbox: SandboxConfig, reward: RewardConfig) -> None:
     """One-line ConfigErrors, at config load, for a sandbox or a tests reward this machine cannot run."""
-    check_tests_reward(reward.kind, reward.tests, command)
+    if reward_kind(reward).runs_in_sandbox:
+        check_tests_reward(reward.tests, command)
     if command is not None and uses_sandbox(sandbox, reward):
         check_sandbox(sandbox)
 
 
 def uses_sandbox(sandbox: SandboxConfig, reward: RewardConfig | None) -> bool:
-    """Whether a command agent's attempts run in `sandbox`: when it isolates (kind local or docker),
-    names a working copy, or the reward comes from tests run in that copy."""
-    return sandbox.kind != "none" or sandbox.workdir is not None or (reward is not None and reward.kind == "tests")
+    """Whether a command agent's attempts run in `sandbox`: when its kind isolates (local, docker),
+    it names a working copy, or the reward comes from tests run in that copy."""
+    return isolates(sandbox.kind) or sandbox.workdir is not None or reward_kind(reward).runs_in_sandbox
 
 
 def parse_reward(text: str) -> float | None:

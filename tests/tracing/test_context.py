@@ -123,4 +123,4 @@ def test_make_tracer_refuses_unknown_kinds() -> None:
     from alight.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown tracer 'jaeger'"):
-        make_tracer("jaeger")  # type: ignore[arg-type]
+        make_tracer("jaeger")

@@ -57,7 +57,7 @@ def normalise(spans: list[Span]) -> list[tuple[Any, ...]]:
 async def run(kind: str, agent: LitAgent, script: Any) -> list[Span]:
     store = MemoryStore()
     claim = await new_claim(store)
-    tracer = make_tracer(kind)  # type: ignore[arg-type]
+    tracer = make_tracer(kind)
     tracer.instrument()
     with ScriptedOpenAIServer(script) as server:
         llm = LLM(model="scripted", base_url=server.url)

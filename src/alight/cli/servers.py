@@ -180,8 +180,8 @@ def runner(
         raise ConfigError("alight runner: give --agent (a Python entrypoint) or --command (a program), one of them")
 
     def ready(pool: object) -> None:
-        kind = "Ray actors" if backend == "ray" else "workers"
-        typer.echo(f"alight runner: {n_runners} {kind} on {store}; Ctrl-C drains and stops", err=True)
+        runners = getattr(pool, "runners_name", "runners")  # "workers", "Ray actors": what the pool kind says
+        typer.echo(f"alight runner: {n_runners} {runners} on {store}; Ctrl-C drains and stops", err=True)
         dashboard = getattr(pool, "dashboard_url", None)
         if dashboard:
             typer.echo(f"alight runner: Ray dashboard at {dashboard}", err=True)

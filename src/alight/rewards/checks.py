@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 from alight.config.schema import RewardConfig
-from alight.errors import ConfigError
-
-#: Where a rollout's reward comes from: the agent itself, the tests of its working copy, an LLM judge.
-REWARD_KINDS = ("agent", "tests", "judge")
+from alight.rewards.kinds import reward_kind
 
 
 def check_reward(reward: RewardConfig) -> None:
-    """ConfigError, in one line, for a `reward` group no run can use."""
-    if reward.kind not in REWARD_KINDS:
-        raise ConfigError(f"reward.kind must be one of {', '.join(REWARD_KINDS)}, got {reward.kind!r}")
-    if reward.kind == "judge":
-        from alight.rewards.judge_score import check_judge
-
-        check_judge(reward.judge)
+    """ConfigError, in one line, for a `reward` group no run can use: an unknown kind (naming the
+    kinds), or settings its kind refuses."""
+    reward_kind(reward).check_config(reward)

@@ -84,10 +84,9 @@ def parse_pytest_summary(text: str) -> Counts | None:
     return None
 
 
-def check_tests_reward(kind: str, tests: TestsRewardConfig, agent_command: Any) -> None:
-    """One-line ConfigErrors for reward.kind=tests without what it needs."""
-    if kind != "tests":
-        return
+def check_tests_reward(tests: TestsRewardConfig, agent_command: Any) -> None:
+    """One-line ConfigErrors for reward.kind=tests without what it needs: a command agent (its
+    `agent_command`; None for a Python entrypoint) and a test command."""
     if agent_command is None:
         raise ConfigError("reward.kind tests runs in a command agent's sandbox: set agent.command")
     if not tests.command:

@@ -10,7 +10,7 @@ by `runner.backend`; `run_pool_until_interrupted` is the `alight runner` command
 from __future__ import annotations
 
 from alight.runner.base import Pool
-from alight.runner.factory import POOL_BACKENDS, check_pool, make_pool
+from alight.runner.factory import POOLS, check_pool, make_pool
 from alight.runner.pool import RunnerPool
 from alight.runner.ray_pool import RayRunnerPool
 from alight.runner.runner import AttemptWatcher, Runner
@@ -18,7 +18,7 @@ from alight.runner.service import run_pool_until_interrupted
 from alight.runner.slots import PoolStats
 
 __all__ = [
-    "POOL_BACKENDS",
+    "POOLS",
     "AttemptWatcher",
     "Pool",
     "PoolStats",

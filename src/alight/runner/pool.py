@@ -24,6 +24,7 @@ from alight.runner.worker import DRAIN_SIGNALS, EXIT_CONFIG, EXIT_DRAINED, EXIT_
 
 if TYPE_CHECKING:
     from alight.agent import LitAgent
+    from alight.config.schema import RunnerConfig
 
 
 class RunnerPool(Supervisor):
@@ -35,6 +36,12 @@ class RunnerPool(Supervisor):
     and hand it to agents as the LLM `api_key` (the proxy's bearer token). The other keyword
     arguments (`n_runners`, `tracer`, `drain_timeout_s`, `kill_grace_s`, `restart_backoff_s`,
     `max_restarts`, `instrument`, ...) are the supervisor's (alight.runner.supervisor)."""
+
+    runners_name = "workers"
+
+    @classmethod
+    def from_config(cls, cfg: RunnerConfig, agent: str | LitAgent, store_url: str, **options: Any) -> RunnerPool:
+        return cls(agent, store_url, **options)
 
     def __init__(self, agent: str | LitAgent, store_url: str, **options: Unpack[PoolOptions]) -> None:
         if not isinstance(agent, str):

@@ -97,7 +97,7 @@ class RunnerActor:
             self.runner = Runner(
                 agent,
                 StoreClient(spec.store_url, token=spec.token or "", runner_id=spec.worker_id),
-                tracer=make_tracer(spec.tracer),  # type: ignore[arg-type]
+                tracer=make_tracer(spec.tracer),
                 worker_id=spec.worker_id,
                 poll_interval_s=spec.poll_interval_s,
                 max_poll_interval_s=spec.max_poll_interval_s,

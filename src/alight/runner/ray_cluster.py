@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 from typing import Any
 
 from alight.config.schema import RayConfig
@@ -12,6 +13,20 @@ from alight.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 RAY_EXTRA = "pip install 'alight[ray]'"
+
+
+def check_ray(cfg: RayConfig) -> None:
+    """ConfigError for Ray settings that cannot work, or for Ray not being installed."""
+    if not (math.isfinite(cfg.num_cpus) and cfg.num_cpus >= 0):
+        raise ConfigError(f"runner.ray.num_cpus must be a number >= 0, got {cfg.num_cpus!r}")
+    for name, amount in cfg.resources.items():
+        if not isinstance(amount, int | float) or not math.isfinite(amount) or amount < 0:
+            raise ConfigError(f"runner.ray.resources.{name} must be a number >= 0, got {amount!r}")
+    if cfg.local_cpus is not None and cfg.local_cpus < 1:
+        raise ConfigError(f"runner.ray.local_cpus must be at least 1, got {cfg.local_cpus}")
+    if cfg.address is not None and not (cfg.address == "auto" or ":" in cfg.address):
+        raise ConfigError(f"runner.ray.address must be 'auto', HOST:PORT or ray://HOST:PORT, got {cfg.address!r}")
+    check_ray_installed()
 
 
 def check_ray_installed() -> None:

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
-from alight.config.schema import RayConfig
+from alight.config.schema import RayConfig, RunnerConfig
 from alight.runner.ray_actor import EVENT_POLL_S, RunnerActor
-from alight.runner.ray_cluster import actor_options, check_capacity, connect
+from alight.runner.ray_cluster import actor_options, check_capacity, check_ray, connect
 from alight.runner.supervisor import PoolOptions, Supervisor
 from alight.runner.transport import Event, RunnerHandle
 from alight.runner.worker import WorkerSpec
@@ -40,6 +40,16 @@ class RayRunnerPool(Supervisor):
     a `LitAgent` Ray can pickle. An actor whose long poll stays unanswered `unresponsive_s` past
     EVENT_POLL_S has its event loop blocked (by an agent): it can neither heartbeat nor report, so
     it is killed and replaced. The other arguments mean what they mean for `RunnerPool`."""
+
+    runners_name = "Ray actors"
+
+    @classmethod
+    def check_config(cls, cfg: RunnerConfig) -> None:
+        check_ray(cfg.ray)
+
+    @classmethod
+    def from_config(cls, cfg: RunnerConfig, agent: str | LitAgent, store_url: str, **options: Any) -> RayRunnerPool:
+        return cls(agent, store_url, ray=cfg.ray, **options)
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Self, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypedDict
 
 from alight.errors import ConfigError
 from alight.runner.endings import Ending, record_end, runner_credential, store_counts
@@ -32,15 +32,15 @@ from alight.runner.slots import Held, PoolStats, Seat, kill_reason
 from alight.runner.transport import Event, Transport
 from alight.runner.worker import DRAIN_SIGNALS, WorkerSpec
 from alight.serving.auth import runner_token
+from alight.tracing.factory import TRACERS
 from alight.types import AttemptStatus, new_id
 
 if TYPE_CHECKING:
     from alight.agent import LitAgent
+    from alight.config.schema import RunnerConfig
     from alight.store.client import StoreClient
 
 logger = logging.getLogger(__name__)
-
-TRACERS = ("light", "otel")
 
 
 class PoolOptions(TypedDict, total=False):
@@ -66,7 +66,25 @@ class Supervisor:
     `transport`; keeps the `Pool` protocol (alight.runner.base). `token` (default:
     ALIGHT_RUNNER_CREDENTIAL, else ALIGHT_TOKEN) is a runner credential, or the admin token with
     which the pool registers for one; agents get their attempt's own key, never either. `clock` is
-    the time deadlines and backoffs are measured on."""
+    the time deadlines and backoffs are measured on.
+
+    Each pool kind is a subclass registered by name in `alight.runner.factory.POOLS`
+    (`runner.backend`) that states `runners_name`, `check_config` and `from_config`."""
+
+    #: What the pool's runners are called where a person reads about them ("4 workers on ...").
+    runners_name: ClassVar[str] = "runners"
+
+    @classmethod
+    def check_config(cls, cfg: RunnerConfig) -> None:
+        """ConfigError, in one line, for `runner` settings this kind cannot start with; cheap (no
+        heavy import) and free of effects. The checks every kind shares are `check_pool`'s."""
+        return None
+
+    @classmethod
+    def from_config(cls, cfg: RunnerConfig, agent: str | LitAgent, store_url: str, **options: Any) -> Self:
+        """The pool of this kind for the `runner` section, not started; `options` are the keyword
+        arguments every pool takes (`PoolOptions`)."""
+        raise NotImplementedError(f"{cls.__name__} cannot be built from a config")
 
     def __init__(
         self,

@@ -153,7 +153,7 @@ def _build_runner(spec: WorkerSpec, conn: Connection) -> Runner:
     from alight.tracing import make_tracer
 
     agent = spec.agent if isinstance(spec.agent, LitAgent) else load_agent(spec.agent)
-    tracer = make_tracer(spec.tracer)  # type: ignore[arg-type]
+    tracer = make_tracer(spec.tracer)
     return Runner(
         agent,
         StoreClient(spec.store_url, token=spec.token or "", runner_id=spec.worker_id),

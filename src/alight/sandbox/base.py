@@ -1,9 +1,9 @@
 """The sandbox protocol: a fresh working copy per attempt and a way to run commands in it.
 
-`open_sandbox` (alight.sandbox.factory) picks the backend named by `agent.sandbox.kind`; a new
-backend is a new module with a `Sandbox` subclass. Every backend runs a command with its working
-directory = the working copy, the environment it is given and nothing else, and kills all the
-command started when it ends, times out or is cancelled.
+`open_sandbox` (alight.sandbox.factory) picks the backend named by `agent.sandbox.kind` from
+`SANDBOXES`; a new backend is a new module with a `Sandbox` subclass plus one `register` call.
+Every backend runs a command with its working directory = the working copy, the environment it is
+given and nothing else, and kills all the command started when it ends, times out or is cancelled.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from alight.sandbox.result import RunResult, SandboxError, Sink
 
@@ -36,10 +36,29 @@ class SandboxSettings(Protocol):
 class Sandbox(ABC):
     """One attempt's sandbox. `workdir` is the host path of the working copy (read-write inside);
     `private` a host directory outside it, also visible and writable inside at the same path (the
-    task and reward files of the attempt). Both are removed when the sandbox closes."""
+    task and reward files of the attempt). Both are removed when the sandbox closes.
+
+    Each kind is registered by name in `alight.sandbox.factory.SANDBOXES` (`agent.sandbox.kind`) and
+    states what others ask about it: `isolates`, `check_config` and `from_config`."""
+
+    #: Whether a command is cut off from the host (its files, its network but the allowed URLs):
+    #: a command agent then runs in this sandbox even without a working copy to fill.
+    isolates: ClassVar[bool] = False
 
     workdir: Path
     private: Path
+
+    @classmethod
+    def check_config(cls, settings: SandboxSettings) -> None:
+        """ConfigError, in one line, where this kind cannot run with `settings` on this machine (the
+        checks every kind shares are `check_sandbox`'s). Default: nothing more to check."""
+        return None
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, settings: SandboxSettings, folder: Path, allow: list[str]) -> Sandbox:
+        """The sandbox of one attempt in `folder` (its `work` and `private` folders exist), whose
+        commands may reach only the URLs in `allow` (where this kind isolates)."""
 
     async def run(
         self,

@@ -18,7 +18,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from alight.sandbox.base import Launch, RunResult
+from alight.errors import ConfigError
+from alight.sandbox.base import Launch, RunResult, SandboxSettings
 from alight.sandbox.local import INIT, LocalSandbox
 
 #: Processes a container may hold (a fork bomb stops here).
@@ -31,6 +32,13 @@ CLIENT_VARIABLES = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CE
 
 class DockerSandbox(LocalSandbox):
     """The local sandbox's relays and spec, run by docker instead of unshare."""
+
+    @classmethod
+    def check_config(cls, settings: SandboxSettings) -> None:
+        if not settings.image:
+            raise ConfigError("agent.sandbox.kind docker needs agent.sandbox.image")
+        if shutil.which("docker") is None:
+            raise ConfigError("agent.sandbox.kind docker: the docker client is not on PATH")
 
     def read_only(self, argv: Sequence[str]) -> list[str]:
         """The host folders a container sees: `expose` (the rest is the image's)."""

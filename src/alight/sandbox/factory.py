@@ -3,7 +3,8 @@
     async with open_sandbox(cfg.agent.sandbox, source=Path("repo"), allow=[proxy_url]) as box:
         result = await box.run(["python", "agent.py"], env=sandbox_environment(box), timeout_s=60)
 
-A new backend is a new module whose Sandbox subclass `open_sandbox` builds for its kind.
+A new backend is a new module whose Sandbox subclass states `isolates`, `check_config` and
+`from_config`, plus one line: `SANDBOXES.register("name", "module:Class")`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,18 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from alight.errors import ConfigError
+from alight.parts import Registry
 from alight.sandbox.base import Sandbox, SandboxSettings, copy_working_copy
 
-KINDS = ("none", "local", "docker")
+#: The sandbox kinds (`agent.sandbox.kind`), the default first.
+SANDBOXES: Registry[Sandbox] = Registry(
+    "agent.sandbox.kind",
+    {
+        "none": "alight.sandbox.plain:PlainSandbox",
+        "local": "alight.sandbox.local:LocalSandbox",
+        "docker": "alight.sandbox.docker:DockerSandbox",
+    },
+)
 #: The only host variables a sandboxed command gets (besides HOME and what the attempt adds).
 KEPT_VARIABLES = ("PATH", "LANG", "LC_ALL", "TZ")
 
@@ -33,7 +43,7 @@ async def open_sandbox(config: SandboxSettings, *, source: Path | None, allow: l
         (folder / "work").mkdir()
         (folder / "private").mkdir()
         copy_working_copy(source, folder / "work")
-        box = _backend(config, folder, allow)
+        box = sandbox_class(config.kind).from_config(config, folder, allow)
         try:
             yield box
         finally:
@@ -42,18 +52,14 @@ async def open_sandbox(config: SandboxSettings, *, source: Path | None, allow: l
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _backend(config: SandboxSettings, folder: Path, allow: list[str]) -> Sandbox:
-    if config.kind == "local":
-        from alight.sandbox.local import LocalSandbox
+def sandbox_class(kind: str) -> type[Sandbox]:
+    """The class of the sandbox kind `kind`; ConfigError naming the kinds for an unknown one."""
+    return SANDBOXES.get(kind)
 
-        return LocalSandbox(config, folder, allow)
-    if config.kind == "docker":
-        from alight.sandbox.docker import DockerSandbox
 
-        return DockerSandbox(config, folder, allow)
-    from alight.sandbox.plain import PlainSandbox
-
-    return PlainSandbox(config, folder)
+def isolates(kind: str) -> bool:
+    """Whether the sandbox kind `kind` cuts its commands off from the host (`Sandbox.isolates`)."""
+    return sandbox_class(kind).isolates
 
 
 def sandbox_environment(box: Sandbox, extra: Mapping[str, str] = {}) -> dict[str, str]:
@@ -67,9 +73,9 @@ def sandbox_environment(box: Sandbox, extra: Mapping[str, str] = {}) -> dict[str
 
 
 def check_sandbox(config: SandboxSettings) -> None:
-    """Raise a one-line ConfigError for settings no sandbox can honour on this machine."""
-    if config.kind not in KINDS:
-        raise ConfigError(f"agent.sandbox.kind must be one of {', '.join(KINDS)}, got {config.kind!r}")
+    """Raise a one-line ConfigError for settings no sandbox can honour on this machine: an unknown
+    kind, the limits and `expose` every kind reads, then the kind's own `check_config`."""
+    cls = sandbox_class(config.kind)
     for name in ("time_s", "cpu_s", "memory_mb"):
         value = getattr(config, name)
         if value is not None and not value > 0:
@@ -79,12 +85,4 @@ def check_sandbox(config: SandboxSettings) -> None:
     for path in config.expose:
         if not Path(path).expanduser().exists():
             raise ConfigError(f"agent.sandbox.expose: {path} does not exist")
-    if config.kind == "local":
-        from alight.sandbox.local import check_local
-
-        check_local()
-    if config.kind == "docker":
-        if not config.image:
-            raise ConfigError("agent.sandbox.kind docker needs agent.sandbox.image")
-        if shutil.which("docker") is None:
-            raise ConfigError("agent.sandbox.kind docker: the docker client is not on PATH")
+    cls.check_config(config)

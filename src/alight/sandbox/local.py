@@ -34,6 +34,16 @@ SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"
 
 
 class LocalSandbox(Sandbox):
+    isolates = True
+
+    @classmethod
+    def check_config(cls, settings: SandboxSettings) -> None:
+        check_local()
+
+    @classmethod
+    def from_config(cls, settings: SandboxSettings, folder: Path, allow: list[str]) -> LocalSandbox:
+        return cls(settings, folder, allow)
+
     def __init__(self, settings: SandboxSettings, folder: Path, allow: list[str]) -> None:
         self.settings = settings
         self.folder = folder

@@ -15,6 +15,10 @@ from alight.sandbox.process import limits
 
 
 class PlainSandbox(Sandbox):
+    @classmethod
+    def from_config(cls, settings: SandboxSettings, folder: Path, allow: list[str]) -> PlainSandbox:
+        return cls(settings, folder)  # no isolation: every URL is reachable, `allow` or not
+
     def __init__(self, settings: SandboxSettings, folder: Path) -> None:
         self.settings = settings
         self.workdir = folder / "work"

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal, Self
+from typing import Any, ClassVar, Literal, Self
 
 from alight.errors import NotFoundError
 from alight.store.columns import LLMColumns, columns_from_spans
@@ -35,7 +35,14 @@ LATEST_ATTEMPT: Literal["latest"] = "latest"
 
 
 class Store(abc.ABC):
-    """Rollouts, attempts, spans and resources, shared by the trainer, proxy and runners."""
+    """Rollouts, attempts, spans and resources, shared by the trainer, proxy and runners.
+
+    Each kind is registered by name in `alight.store.factory.STORES` (`store.kind`) and states
+    `kind`, `is_file`, `check_config` and `from_spec` (`alight.store.factory.StoreKind`)."""
+
+    kind: ClassVar[str]
+    #: A file another process may open beside its server (the trainer's columnar reads of SQLite).
+    is_file: ClassVar[bool] = False
 
     # -- queue ------------------------------------------------------------------------------
     @abc.abstractmethod

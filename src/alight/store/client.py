@@ -18,7 +18,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import aiohttp
@@ -38,6 +38,7 @@ from alight.serving.credentials import Grant
 from alight.store import wire
 from alight.store.base import Store
 from alight.store.columns import LLMColumns, decode_columns, gc_paused
+from alight.store.factory import OpenOptions, StoreSpec, parse_url
 from alight.store.span_batcher import SpanBatcher
 from alight.store.wire import IDEMPOTENCY_HEADER
 from alight.types import (
@@ -53,6 +54,9 @@ from alight.types import (
     new_id,
 )
 
+if TYPE_CHECKING:
+    from alight.config.schema import StoreConfig
+
 logger = logging.getLogger(__name__)
 
 # Errors worth another try: the request may not have reached the store, or its answer was lost.
@@ -67,6 +71,26 @@ class StoreClient(Store):
     an agent key) is sent as a bearer token; a store server with a token knows the runner from its
     credential. Without a token, a runner gives its `runner_id` (`X-Alight-Runner`), so that the
     store refuses its writes into other runners' attempts."""
+
+    kind = "http"
+
+    @classmethod
+    def check_config(cls, cfg: StoreConfig) -> StoreSpec:
+        if not cfg.url:
+            raise ConfigError(f"store.kind={cls.kind} needs store.url (an `alight store` server, http://HOST:PORT)")
+        parsed = parse_url(cfg.url, key="store.url")
+        if parsed.kind != cls.kind:
+            raise ConfigError(
+                f"store.url={cfg.url!r}: store.kind={cls.kind} needs http://HOST:PORT or https://HOST:PORT"
+            )
+        return parsed
+
+    @classmethod
+    def from_spec(cls, spec: StoreSpec, options: OpenOptions) -> StoreClient:
+        assert spec.url is not None
+        if options.max_retries is None:
+            return cls(spec.url, token=options.token)
+        return cls(spec.url, token=options.token, max_retries=options.max_retries)
 
     def __init__(
         self,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from alight.errors import NotFoundError
+from alight.errors import ConfigError, NotFoundError
 from alight.store import lifecycle
 from alight.store.base import EndSignal, Store, all_status_counts, chosen_attempts, wait_until_ended
+from alight.store.factory import OpenOptions, StoreSpec, refuse_url
 from alight.store.write_ids import MemoryWriteIds, WriteIdLimits, attempts_from_json, attempts_json
 from alight.types import (
     Attempt,
@@ -22,10 +24,26 @@ from alight.types import (
     now,
 )
 
+if TYPE_CHECKING:
+    from alight.config.schema import StoreConfig
+
 
 class MemoryStore(Store):
     """Every record in dicts. Methods never await between reading and writing, so each
     operation is atomic on its event loop."""
+
+    kind = "memory"
+
+    @classmethod
+    def check_config(cls, cfg: StoreConfig) -> StoreSpec:
+        refuse_url(cfg, cls.kind)
+        if cfg.path:
+            raise ConfigError(f"store.path is set but store.kind={cls.kind}: a memory store has no file")
+        return StoreSpec(cls.kind)
+
+    @classmethod
+    def from_spec(cls, spec: StoreSpec, options: OpenOptions) -> MemoryStore:
+        return cls(write_id_limits=options.write_id_limits)
 
     def __init__(self, *, write_id_limits: WriteIdLimits | None = None) -> None:
         self._rollouts: dict[str, Rollout] = {}  # insertion order is enqueue order

@@ -22,14 +22,15 @@ import os
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from alight.errors import NotFoundError, StoreError
+from alight.errors import ConfigError, NotFoundError, StoreError
 from alight.store import lifecycle, sqlite_bulk, sqlite_columns, sqlite_spans, write_ids
 from alight.store.base import EndSignal, Store, all_status_counts, wait_until_ended
 from alight.store.columns import LLMColumns
+from alight.store.factory import OpenOptions, StoreSpec, refuse_url
 from alight.store.sqlite_schema import SCHEMA, check_schema, read_row
 from alight.types import (
     Attempt,
@@ -45,6 +46,9 @@ from alight.types import (
     now,
 )
 
+if TYPE_CHECKING:
+    from alight.config.schema import StoreConfig
+
 logger = logging.getLogger(__name__)
 
 _LIVE = (AttemptStatus.PREPARING.value, AttemptStatus.RUNNING.value)
@@ -53,6 +57,23 @@ _TERMINAL = tuple(s.value for s in RolloutStatus if s.is_terminal)
 
 class SqliteStore(Store):
     """A store in one SQLite file; several processes may open the same file at once."""
+
+    kind = "sqlite"
+    is_file = True
+
+    @classmethod
+    def check_config(cls, cfg: StoreConfig) -> StoreSpec:
+        refuse_url(cfg, cls.kind)
+        return StoreSpec(cls.kind, path=Path(cfg.path).expanduser() if cfg.path else None)
+
+    @classmethod
+    def from_spec(cls, spec: StoreSpec, options: OpenOptions) -> SqliteStore:
+        path = spec.path or options.default_path
+        if path is None:
+            raise ConfigError(f"store.kind={cls.kind} needs store.path (no run directory to keep store.db in)")
+        if not options.create and not path.is_file():
+            raise ConfigError(f"{path}: no store file there")
+        return cls(path, write_id_limits=options.write_id_limits)
 
     def __init__(
         self,
