@@ -67,7 +67,9 @@ def judged_agent(agent: str | LitAgent, reward: RewardConfig, run_dir: Path | No
     """`agent` (as `runner_agent` returns it), wrapped so an LLM judge gives its reward when
     `reward.kind` is judge (alight.rewards.judge), with the run's shared score cache in `run_dir`.
     The settings were checked with the agent (`runner_agent` with `check`)."""
-    if reward.kind != "judge":
+    from alight.rewards.kinds import reward_kind
+
+    if not reward_kind(reward).wraps_agent:
         return agent
     from alight.rewards.judge import JudgedAgent
     from alight.rewards.judge_cache import CACHE_FILE

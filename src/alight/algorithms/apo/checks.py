@@ -8,8 +8,6 @@ from alight.algorithms.apo.search import SearchSettings
 from alight.config.schema import ApoConfig
 from alight.errors import ConfigError
 
-OPTIMIZER_KINDS = ("embedded", "vllm", "litellm")
-
 
 def check_apo(apo: ApoConfig) -> None:
     """ConfigError, in one line, for a setting the search cannot run with."""
@@ -32,11 +30,13 @@ def check_apo(apo: ApoConfig) -> None:
         raise ConfigError("algorithm.apo.prompt is not a valid f-string template (unbalanced { or }; write {{ for {)")
     if len(apo.prompt) > apo.max_prompt_chars:
         raise ConfigError(f"algorithm.apo.prompt is longer than algorithm.apo.max_prompt_chars={apo.max_prompt_chars}")
-    if apo.optimizer.kind not in OPTIMIZER_KINDS:
+    from alight.engines.factory import ENGINES
+
+    if apo.optimizer.kind not in ENGINES:
         raise ConfigError(
-            f"algorithm.apo.optimizer.kind must be one of {', '.join(OPTIMIZER_KINDS)}, got {apo.optimizer.kind!r}"
+            f"algorithm.apo.optimizer.kind must be one of {', '.join(ENGINES)}, got {apo.optimizer.kind!r}"
         )
-    if apo.optimizer.model == "policy" and apo.optimizer.kind != "embedded":
+    if apo.optimizer.model == "policy" and not ENGINES.get(apo.optimizer.kind).capabilities.in_process:
         raise ConfigError(
             "algorithm.apo.optimizer.model 'policy' (the policy's own model) needs optimizer.kind embedded"
         )
