@@ -10,7 +10,8 @@
 Each loop composes the shared parts (`alight.trainer.session.RunSession`: run directory, metrics,
 signals, the result; `alight.trainer.policy.Policy`: starting weights, backend, warm start,
 checkpoints; `alight.trainer.stack.LocalStack`; `alight.trainer.validation`) rather than overriding
-another loop's hooks. A new loop is a new file here plus a line in `LOOPS`.
+another loop's hooks (`common.py`: the parts and the step driver they share; `feeder.py`: the async
+loop's bounded queue of groups). A new loop is a new file here plus a line in `LOOPS`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The asynchronous RL loop (`trainer.mode: async`): runners never wait for the update.
 
-Groups are fed to the runners continuously within the staleness bound (`alight.trainer.feeder`);
+Groups are fed to the runners continuously within the staleness bound (`alight.trainer.loops.feeder`);
 each step takes `batch_size` complete groups as soon as they are there, adapts them, and updates
 while the next groups run; the engine then switches to the new weights between calls (calls in
 flight finish on the weights they started with; every LLM span records the version that served
@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alight.trainer.feeder import Feeder, Group
 from alight.trainer.loops import LoopInput
 from alight.trainer.loops.common import (
     adapt,
@@ -33,6 +32,7 @@ from alight.trainer.loops.common import (
     train_metrics,
     update_and_serve,
 )
+from alight.trainer.loops.feeder import Feeder, Group
 from alight.trainer.result import FitResult
 from alight.trainer.rollouts import StepRollouts
 from alight.trainer.validation import Schedule
