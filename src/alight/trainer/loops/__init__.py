@@ -46,7 +46,7 @@ class LoopInput:
     train_rows: Rows
     val_rows: Rows | None
     resume: bool = False
-    watchers: Sequence[Any] = field(default_factory=tuple)
+    watchers: Sequence[Any] = field(default_factory=tuple)  # each has some of TrainerEvents' methods, not all
 
 
 class Loop(Protocol):

@@ -17,6 +17,7 @@ from alight.trainer.stack import LocalStack
 from alight.trainer.validation import Schedule, Validator
 
 if TYPE_CHECKING:
+    from alight.adapters import AdapterStats
     from alight.algorithms.batch import TransitionBatch
     from alight.algorithms.lightning import LightningRL
     from alight.trainer.loops import LoopInput
@@ -37,9 +38,9 @@ def rl_parts(run: LoopInput) -> tuple[RunSession, Policy, Validator, int]:
 
 async def adapt(
     rollouts: StepRollouts, rl: LightningRL, policy: Policy, ended: Sequence[Rollout]
-) -> tuple[TransitionBatch | None, Any, float]:
+) -> tuple[TransitionBatch | None, AdapterStats | None, float]:
     """The proxy's spans flushed, then the succeeded rollouts' transitions, credit and advantages
-    as a batch (None: nothing succeeded); returns (batch, adapter stats, seconds)."""
+    as a batch (None: nothing succeeded); returns (batch, adapter stats (None: nothing succeeded), seconds)."""
     clock = time.monotonic()
     await rollouts.flush()
     succeeded = [r.rollout_id for r in ended if r.status.value == "succeeded"]
