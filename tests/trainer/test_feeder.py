@@ -17,7 +17,7 @@ from alight import semconv
 from alight.config.schema import ExperimentConfig
 from alight.errors import TrainingError
 from alight.store.memory import MemoryStore
-from alight.trainer.feeder import Feeder, oldest_version, staleness
+from alight.trainer.loops.feeder import Feeder, oldest_version, staleness
 from alight.trainer.rollouts import StepRollouts, runner_utilisation
 from alight.trainer.sampler import TaskSampler
 from alight.types import AttemptStatus, Span, SpanKind

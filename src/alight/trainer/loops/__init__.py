@@ -10,8 +10,9 @@
 Each loop composes the shared parts (`alight.trainer.session.RunSession`: run directory, metrics,
 signals, the result; `alight.trainer.policy.Policy`: starting weights, backend, warm start,
 checkpoints; `alight.trainer.stack.LocalStack`; `alight.trainer.validation`) rather than overriding
-another loop's hooks. A new loop is a new file here plus a line in `LOOPS`; its class states what
-the run asks of it (`LoopKind`: whether it trains weights, reads train rows, its own checks).
+another loop's hooks (`common.py`: the parts and the step driver they share; `feeder.py`: the async
+loop's bounded queue of groups). A new loop is a new file here plus a line in `LOOPS`; its class
+states what the run asks of it (`LoopKind`: whether it trains weights, reads train rows, its own checks).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class LoopInput:
     train_rows: Rows
     val_rows: Rows | None
     resume: bool = False
-    watchers: Sequence[Any] = field(default_factory=tuple)
+    watchers: Sequence[Any] = field(default_factory=tuple)  # each has some of TrainerEvents' methods, not all
 
 
 class Loop(Protocol):

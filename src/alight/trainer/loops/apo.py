@@ -18,10 +18,11 @@ import itertools
 import logging
 import statistics
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from alight.algorithms.apo import (
+    Chat,
     LLMOptimizer,
     Optimizer,
     PromptSearch,
@@ -45,6 +46,9 @@ from alight.trainer.sampler import TaskSampler
 from alight.trainer.session import RunSession
 from alight.trainer.stack import LocalStack
 from alight.types import PromptTemplate, Rollout
+
+if TYPE_CHECKING:
+    from alight.engines import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +99,7 @@ class ApoLoop(LoopKind):
         self.policy = Policy(cfg, self.session)
         self._engine = engine_class(cfg.engine.kind)
         self.optimizer = optimizer
-        self.optimizer_engine: Any = None
+        self.optimizer_engine: Engine | None = None
         if optimizer is None:  # bad optimiser options fail here, before anything starts
             self.optimizer_engine = _make_engine(apo.optimizer)
         self.served_model = cfg.engine.model
@@ -154,7 +158,7 @@ class ApoLoop(LoopKind):
             async def evaluate(prompts: Sequence[str], round_: int, split: str) -> list[Scored]:
                 return await self._evaluate(stack, rollouts, sampler, prompts, round_, split)
 
-            async def traces(rewards: Any) -> list[str]:
+            async def traces(rewards: Mapping[str, float | None]) -> list[str]:
                 await rollouts.flush()
                 return await read_traces(store, rewards, self.apo.trace_chars)
 
@@ -167,10 +171,11 @@ class ApoLoop(LoopKind):
                 await self.optimizer_engine.close()
             await store.close()
 
-    async def _optimizer_chat(self) -> Any:
+    async def _optimizer_chat(self) -> Chat:
         from alight.engines.base import ChatRequest, SamplingParams
 
         spec = self.apo.optimizer
+        assert self.optimizer_engine is not None  # made in __init__: no optimiser was handed in
         if spec.model == POLICY:  # the model the policy engine serves (after the warm start), loaded again
             await self.optimizer_engine.close()
             self.optimizer_engine = _make_engine(dataclasses.replace(spec, model=self.served_model))
@@ -270,7 +275,7 @@ class ApoLoop(LoopKind):
         self.session.record(metrics)
 
 
-def _make_engine(spec: EngineConfig) -> Any:
+def _make_engine(spec: EngineConfig) -> Engine:
     from alight.engines.factory import engine_options, make_engine
 
     return make_engine(spec.kind, **engine_options(spec))

@@ -1,6 +1,6 @@
 """The asynchronous RL loop (`trainer.mode: async`): runners never wait for the update.
 
-Groups are fed to the runners continuously within the staleness bound (`alight.trainer.feeder`);
+Groups are fed to the runners continuously within the staleness bound (`alight.trainer.loops.feeder`);
 each step takes `batch_size` complete groups as soon as they are there, adapts them, and updates
 while the next groups run; the engine then switches to the new weights between calls (calls in
 flight finish on the weights they started with; every LLM span records the version that served
@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alight.trainer.feeder import Feeder, Group
 from alight.trainer.loops import LoopInput, LoopKind
 from alight.trainer.loops.common import (
     adapt,
+    drive_steps,
     execute,
     rl_parts,
     start_stack,
@@ -33,12 +33,14 @@ from alight.trainer.loops.common import (
     train_metrics,
     update_and_serve,
 )
+from alight.trainer.loops.feeder import Feeder, Group
 from alight.trainer.result import FitResult
 from alight.trainer.rollouts import StepRollouts
 from alight.trainer.validation import Schedule
 
 if TYPE_CHECKING:
     from alight.algorithms.lightning import LightningRL
+    from alight.trainer.session import RunSession
     from alight.trainer.stack import LocalStack
 
 logger = logging.getLogger(__name__)
@@ -53,7 +55,6 @@ class AsyncRLLoop(LoopKind):
         self.cfg = run.cfg
         self.train_rows = run.train_rows
         self.session, self.policy, self.validator, self.total_steps = rl_parts(run)
-        self.feeder: Feeder | None = None
         self.began = time.time()  # attempts claimed before and live then were in flight when a resumed run died
 
     def run(self) -> FitResult:
@@ -74,50 +75,11 @@ class AsyncRLLoop(LoopKind):
 
     async def _steps(self, stack: LocalStack, schedule: Schedule, state: dict[str, Any] | None) -> None:
         from alight.algorithms.lightning import LightningRL
-        from alight.trainer.sampler import TaskSampler
 
-        cfg, t, session = self.cfg, self.cfg.trainer, self.session
-        progress = session.progress
+        cfg = self.cfg
         rl = LightningRL.from_config(cfg.adapter, cfg.algorithm, tokenizer=self.policy.tokenizer)
-        store = stack.trainer_store()
-        try:
-            rollouts = StepRollouts(store, stack, cfg, session.events)
-            # each batch drew batch_size rows: the feeder's state says where the sampler stands
-            position = int(state["batches"]) * t.batch_size if state else progress.position
-            sampler = TaskSampler(len(self.train_rows), t.batch_size, t.seed, position)
-            feeder = self.feeder = Feeder(
-                rollouts,
-                self.train_rows,
-                sampler,
-                batch_size=t.batch_size,
-                group_size=t.group_size,
-                max_staleness=t.max_staleness,
-                on_stale=t.on_stale,
-                state=state,
-            )
-            if session.resume:
-                await rollouts.resume_after(progress.step, ("val",))  # the feeder finds the train groups
-                await feeder.resume(self.began)
-            if progress.step == 0 and 0 not in session.logged_steps():
-                metrics: dict[str, Any] = {"step": 0, "weights_version": 0, **self.policy.warm_start_metrics}
-                if self.validator:
-                    metrics.update(await self.validator.run(rollouts, 0))
-                session.record(metrics)
-            while progress.step < schedule.total_steps and not session.stopping():
-                step = progress.step + 1
-                await feeder.top_up()  # the new version made room under the bound
-                try:
-                    metrics = await self._step(rollouts, feeder, rl, step)
-                finally:
-                    session.interrupt.updating = False
-                if self.validator and schedule.validates(step):
-                    metrics.update(await self.validator.unless_stopped(rollouts, step, session.stopping))
-                session.record(metrics)
-                if schedule.saves(step) or session.stopping():
-                    self.policy.save()
-            await feeder.close()
-        finally:
-            await store.close()
+        steps = FedSteps(self, rl, state)
+        await drive_steps(self.session, self.policy, stack, self.validator, schedule, steps)
 
     async def _step(self, rollouts: StepRollouts, feeder: Feeder, rl: LightningRL, step: int) -> dict[str, Any]:
         t = self.cfg.trainer
@@ -162,3 +124,44 @@ class AsyncRLLoop(LoopKind):
             out[f"async/{key}"] = counts.get(key, 0) - before.get(key, 0)
             out[f"async/{key}_total"] = counts.get(key, 0)
         return out
+
+
+class FedSteps:
+    """The async loop's plan in `drive_steps`: the feeder is made (from the checkpoint's feeder
+    `state`) and resumed before step 0, topped up before each step, and closed after the last."""
+
+    def __init__(self, loop: AsyncRLLoop, rl: LightningRL, state: dict[str, Any] | None) -> None:
+        self.step_zero = loop.policy.warm_start_metrics
+        self.loop, self.rl, self.state = loop, rl, state
+        self.feeder: Feeder | None = None
+
+    async def start(self, rollouts: StepRollouts, session: RunSession) -> None:
+        from alight.trainer.sampler import TaskSampler
+
+        t, state, progress = self.loop.cfg.trainer, self.state, session.progress
+        # each batch drew batch_size rows: the feeder's state says where the sampler stands
+        position = int(state["batches"]) * t.batch_size if state else progress.position
+        sampler = TaskSampler(len(self.loop.train_rows), t.batch_size, t.seed, position)
+        feeder = self.feeder = Feeder(
+            rollouts,
+            self.loop.train_rows,
+            sampler,
+            batch_size=t.batch_size,
+            group_size=t.group_size,
+            max_staleness=t.max_staleness,
+            on_stale=t.on_stale,
+            state=state,
+        )
+        if session.resume:
+            await rollouts.resume_after(progress.step, ("val",))  # the feeder finds the train groups
+            await feeder.resume(self.loop.began)
+
+    async def step(self, rollouts: StepRollouts, step: int) -> dict[str, Any]:
+        """Step `step` on the feeder's next complete groups, once it has made room under the bound."""
+        assert self.feeder is not None
+        await self.feeder.top_up()  # the new version made room under the bound
+        return await self.loop._step(rollouts, self.feeder, self.rl, step)
+
+    async def end(self, rollouts: StepRollouts) -> None:
+        assert self.feeder is not None
+        await self.feeder.close()

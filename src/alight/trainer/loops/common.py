@@ -1,12 +1,13 @@
 """What the loops run the same way: a run's outer shape (signals, the checkpoint on stop, closing
-the backend, the result) and the step-by-step drive of the step-based loops (RL, SFT from a store)."""
+the backend, the result) and the step-by-step drive of the step-based loops (RL, async RL, SFT from
+a store), each loop's part in it a `StepPlan`."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from alight.trainer.policy import Policy
 from alight.trainer.result import FitResult
@@ -16,6 +17,7 @@ from alight.trainer.stack import LocalStack
 from alight.trainer.validation import Schedule, Validator
 
 if TYPE_CHECKING:
+    from alight.adapters import AdapterStats
     from alight.algorithms.batch import TransitionBatch
     from alight.algorithms.lightning import LightningRL
     from alight.trainer.loops import LoopInput
@@ -36,9 +38,9 @@ def rl_parts(run: LoopInput) -> tuple[RunSession, Policy, Validator, int]:
 
 async def adapt(
     rollouts: StepRollouts, rl: LightningRL, policy: Policy, ended: Sequence[Rollout]
-) -> tuple[TransitionBatch | None, Any, float]:
+) -> tuple[TransitionBatch | None, AdapterStats | None, float]:
     """The proxy's spans flushed, then the succeeded rollouts' transitions, credit and advantages
-    as a batch (None: nothing succeeded); returns (batch, adapter stats, seconds)."""
+    as a batch (None: nothing succeeded); returns (batch, adapter stats (None: nothing succeeded), seconds)."""
     clock = time.monotonic()
     await rollouts.flush()
     succeeded = [r.rollout_id for r in ended if r.status.value == "succeeded"]
@@ -136,33 +138,58 @@ def start_stack(session: RunSession, served: str, *, weights_version: int, **opt
     return LocalStack(session.cfg, session.run_dir, model=served, weights_version=weights_version, **options)
 
 
+class StepPlan(Protocol):
+    """What `drive_steps` leaves to a loop: the step-0 metrics, what comes before step 0 (`start`),
+    one step (`step`: it advances `session.progress` and returns the step's metrics), and what
+    comes after the last step or a signal, not after an error (`end`)."""
+
+    step_zero: dict[str, Any]
+
+    async def start(self, rollouts: StepRollouts, session: RunSession) -> None: ...
+    async def step(self, rollouts: StepRollouts, step: int) -> dict[str, Any]: ...
+    async def end(self, rollouts: StepRollouts) -> None: ...
+
+
+class Steps:
+    """The sync loops' plan (RL, SFT from a store): `one_step` per step; resuming, the rollouts a
+    killed run had enqueued after its checkpoint are reused; nothing after the last step. (The async
+    loop's plan is `alight.trainer.loops.async_rl.FedSteps`.)"""
+
+    def __init__(self, step_zero: dict[str, Any], one_step: StepFn) -> None:
+        self.step_zero = step_zero
+        self.one_step = one_step
+
+    async def start(self, rollouts: StepRollouts, session: RunSession) -> None:
+        if session.resume:
+            await rollouts.resume_after(session.progress.step)
+
+    async def step(self, rollouts: StepRollouts, step: int) -> dict[str, Any]:
+        return await self.one_step(rollouts, step)
+
+    async def end(self, rollouts: StepRollouts) -> None:
+        pass
+
+
 async def drive_steps(
-    session: RunSession,
-    policy: Policy,
-    stack: LocalStack,
-    validator: Validator,
-    schedule: Schedule,
-    step_zero: dict[str, Any],
-    one_step: StepFn,
+    session: RunSession, policy: Policy, stack: LocalStack, validator: Validator, schedule: Schedule, steps: StepPlan
 ) -> None:
-    """Step 0 (its metrics and, with validation rows, a validation) unless logged already, then
-    `one_step` for each step to the last (it advances `session.progress`), validating and
-    checkpointing as `schedule` says, until the last step or a signal."""
+    """`steps.start`, then step 0 (its metrics and, with validation rows, a validation) unless
+    logged already, then `steps.step` for each step to the last, validating and checkpointing as
+    `schedule` says, until the last step or a signal; then `steps.end`."""
     progress = session.progress
     store = stack.trainer_store()
     try:
         rollouts = StepRollouts(store, stack, session.cfg, session.events)
-        if session.resume:
-            await rollouts.resume_after(progress.step)
+        await steps.start(rollouts, session)
         if progress.step == 0 and 0 not in session.logged_steps():
-            metrics: dict[str, Any] = {"step": 0, "weights_version": 0, **step_zero}
+            metrics: dict[str, Any] = {"step": 0, "weights_version": 0, **steps.step_zero}
             if validator:
                 metrics.update(await validator.run(rollouts, 0))
             session.record(metrics)
         while progress.step < schedule.total_steps and not session.stopping():
             step = progress.step + 1
             try:
-                metrics = await one_step(rollouts, step)
+                metrics = await steps.step(rollouts, step)
             finally:
                 session.interrupt.updating = False  # set before the update: weights and step move together
             if validator and schedule.validates(step):
@@ -170,5 +197,6 @@ async def drive_steps(
             session.record(metrics)
             if schedule.saves(step) or session.stopping():
                 policy.save()
+        await steps.end(rollouts)
     finally:
         await store.close()

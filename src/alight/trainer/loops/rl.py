@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from alight.trainer.loops import LoopInput, LoopKind
 from alight.trainer.loops.common import (
+    Steps,
     adapt,
     drive_steps,
     execute,
@@ -69,8 +70,8 @@ class RLLoop(LoopKind):
         async def one_step(rollouts: StepRollouts, step: int) -> dict[str, Any]:
             return await self._step(rollouts, rl, sampler, step)
 
-        step_zero = dict(self.policy.warm_start_metrics)
-        await drive_steps(self.session, self.policy, stack, self.validator, schedule, step_zero, one_step)
+        steps = Steps(dict(self.policy.warm_start_metrics), one_step)
+        await drive_steps(self.session, self.policy, stack, self.validator, schedule, steps)
 
     async def _step(self, rollouts: StepRollouts, rl: LightningRL, sampler: TaskSampler, step: int) -> dict[str, Any]:
         from alight.data import task_input

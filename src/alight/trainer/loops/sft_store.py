@@ -23,7 +23,7 @@ from alight.algorithms.batch import TransitionBatch
 from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError
 from alight.trainer.loops import LoopInput, LoopKind
-from alight.trainer.loops.common import drive_steps, execute, start_stack, step_info
+from alight.trainer.loops.common import Steps, drive_steps, execute, start_stack, step_info
 from alight.trainer.policy import Policy
 from alight.trainer.result import FitResult
 from alight.trainer.rollouts import StepRollouts
@@ -107,11 +107,9 @@ class SFTStoreLoop(LoopKind):
         async def one_step(rollouts: StepRollouts, step: int) -> dict[str, Any]:
             return await self._step(rollouts, batches, schedule, step)
 
-        step_zero = {**self.policy.warm_start_metrics, **self.selection_metrics}
+        steps = Steps({**self.policy.warm_start_metrics, **self.selection_metrics}, one_step)
         with start_stack(self.session, str(served), weights_version=self.session.progress.step) as stack:
-            self.session.run_async(
-                drive_steps(self.session, self.policy, stack, self.validator, schedule, step_zero, one_step)
-            )
+            self.session.run_async(drive_steps(self.session, self.policy, stack, self.validator, schedule, steps))
 
     async def _step(
         self, rollouts: StepRollouts, batches: Iterator[TransitionBatch], schedule: Schedule, step: int
