@@ -172,9 +172,9 @@ def runner(
     ] = None,
 ) -> None:
     """Run agents on the rollouts of a store server (on this or another machine) until Ctrl-C."""
+    from alight.agent_setup import runner_agent
     from alight.config.schema import AgentConfig
     from alight.trainer.serve import serve_runners
-    from alight.trainer.stack import runner_agent
 
     if (agent is None) == (command is None):
         raise ConfigError("alight runner: give --agent (a Python entrypoint) or --command (a program), one of them")
