@@ -84,15 +84,11 @@ ALLOWED: dict[str, frozenset[str]] = {
             *("engines", "entrypoints"),
             *("models", "proxy", "rewards", "runner", "serving", "store", "tracing"),  # rewards: the judge wraps agents
         },
+        # the services of serve, trace, eval, the SFT export and dev's flags: over the trainer, not in it
+        "commands": {"trainer", "agent_setup", "algorithms", "config", "store", "types"},
         "<root>": {"agent", "config", "store", "tracing", "trainer"},
-        "cli": {
-            "trainer",
-            "agent_setup",
-            "config",
-            "dashboard",
-            "models",
-            "<root>",
-        },  # models: the default model's name
+        # models: the default model's name
+        "cli": {"commands", "trainer", "agent_setup", "config", "dashboard", "models", "<root>"},
         "__main__": {"cli"},
     }.items()
 }

@@ -289,13 +289,13 @@ def trace(
     transitions fine-tuning would select (algorithm.sft) as chat rows, to train on anywhere."""
     if export_sft is not None:
         from alight.cli.trace_render import sft_export
-        from alight.trainer import sft_source
+        from alight.commands import export
 
-        settings = sft_source.export_settings(
+        settings = export.export_settings(
             target, config=config, overrides=overrides or [], min_reward=min_reward, select=select,
             agent_match=agent_match, splits=split or [],
         )  # fmt: skip
-        sft_export(sft_source.export_sft(target, export_sft, *settings), as_json=as_json)
+        sft_export(export.export_sft(target, export_sft, *settings), as_json=as_json)
         return
     if transitions and rollout is None:
         raise ConfigError("--transitions needs --rollout ID (the rollout whose transitions to show)")
