@@ -85,7 +85,10 @@ ALLOWED: dict[str, frozenset[str]] = {
             *("models", "proxy", "rewards", "runner", "serving", "store", "tracing"),  # rewards: the judge wraps agents
         },
         # the services of serve, trace, eval, the SFT export and dev's flags: over the trainer, not in it
-        "commands": {"trainer", "agent_setup", "algorithms", "config", "store", "types"},
+        "commands": {
+            *("trainer", "agent", "agent_setup", "algorithms", "config", "data", "engines", "models", "proxy"),
+            *("runner", "serving", "store"),  # serve starts an engine + proxy, a store server, a runner pool
+        },
         "<root>": {"agent", "config", "store", "tracing", "trainer"},
         # models: the default model's name
         "cli": {"commands", "trainer", "agent_setup", "config", "dashboard", "models", "<root>"},

@@ -112,8 +112,8 @@ def dev(
     from rich.console import Console
 
     from alight.cli import dev_render as show
+    from alight.commands.dev import run_dev
     from alight.config import load_config, to_object
-    from alight.trainer.dev import run_dev
 
     cfg = to_object(load_config(config, overrides or []))
     console = Console(stderr=as_json)
@@ -170,8 +170,8 @@ def eval_(
 
     Each model runs every task --n times through the full stack; a failed rollout scores 0."""
     from alight.cli import eval_render as show
+    from alight.commands.evaluation import run_eval
     from alight.config import load_config, to_object
-    from alight.trainer.evaluation import run_eval
 
     cfg = to_object(load_config(config, overrides or []))
     with show.progress(quiet=as_json) as on_progress:
@@ -305,7 +305,7 @@ def trace(
     from rich.console import Console
 
     from alight.cli import trace_render as show
-    from alight.trainer import trace as reading
+    from alight.commands import trace as reading
 
     console = Console()
     if transitions:

@@ -76,8 +76,8 @@ def export_settings(
     config.yaml, else the defaults; then Hydra `overrides`; then the options given."""
     import dataclasses
 
+    from alight.commands.trace import transition_settings
     from alight.trainer.session import CONFIG_FILE
-    from alight.trainer.trace import transition_settings
 
     if config is None and not is_url(target) and (Path(target).expanduser() / CONFIG_FILE).is_file():
         config = Path(target).expanduser() / CONFIG_FILE

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from alight.algorithms.evaluation import Difference, Interval, bootstrap_mean, mean_pass_at_k, paired_bootstrap
+from alight.commands.dev import served_model, with_endpoint, with_temperature
 from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError
-from alight.trainer.dev import served_model, with_endpoint, with_temperature
 from alight.trainer.tasks import DevResult, dev_rows
 
 #: Keys a task row is named by in the per-task results, first found wins (SWE-bench, Calc-X, ours).
