@@ -74,17 +74,24 @@ ALLOWED: dict[str, frozenset[str]] = {
         "sandbox": set(),
         "rewards": {"agent", "tracing", "sandbox", "engines", "config"},
         "command_agent": {"agent", "tracing", "sandbox", "rewards", "config"},
+        "agent_setup": {"agent", "command_agent", "rewards", "config"},  # what runners run for a config's agent
         "algorithms": {"adapters", "store", "config", "entrypoints", "engines"},  # engines: APO's optimizer kind
         "proxy": {"store", "engines", "serving"},
         "backends": {"algorithms", "config", "models", "engines"},  # engines: what the engine kind can do
         "runner": {"store", "tracing", "agent", "serving", "config"},  # config: the pool factory reads RunnerConfig
         "trainer": {
-            *("adapters", "agent", "algorithms", "backends", "command_agent", "config", "data", "engines"),
-            "entrypoints",
+            *("adapters", "agent", "agent_setup", "algorithms", "backends", "command_agent", "config", "data"),
+            *("engines", "entrypoints"),
             *("models", "proxy", "rewards", "runner", "serving", "store", "tracing"),  # rewards: the judge wraps agents
         },
+        # the services of serve, trace, eval, the SFT export and dev's flags: over the trainer, not in it
+        "commands": {
+            *("trainer", "agent", "agent_setup", "algorithms", "config", "data", "engines", "models", "proxy"),
+            *("runner", "serving", "store"),  # serve starts an engine + proxy, a store server, a runner pool
+        },
         "<root>": {"agent", "config", "store", "tracing", "trainer"},
-        "cli": {"trainer", "config", "dashboard", "models", "<root>"},  # models: the default model's name
+        # models: the default model's name
+        "cli": {"commands", "trainer", "agent_setup", "config", "dashboard", "models", "<root>"},
         "__main__": {"cli"},
     }.items()
 }

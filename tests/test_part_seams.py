@@ -82,9 +82,9 @@ def new_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore
 
 
 def test_a_new_engine_is_one_file_and_its_registration(tmp_path: Path, new_module, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from alight.commands.dev import run_dev
     from alight.engines.factory import ENGINES
     from alight.trainer.checks import validate
-    from alight.trainer.dev import run_dev
 
     module = new_module("rule_engine", ENGINE)
     ENGINES.register("rules", f"{module}:RuleEngine")

@@ -12,8 +12,8 @@ import torch
 
 from alight import semconv
 from alight.algorithms import LightningRL
+from alight.commands.trace import transition_row
 from alight.config import AdapterConfig, AlgorithmConfig
-from alight.trainer.trace import transition_row
 from alight.types import Transition
 from tests.adapters.factory import Trace
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from alight.commands.dev import run_dev, served_model, with_endpoint, with_temperature
 from alight.config import load_config, to_object
 from alight.errors import ConfigError
-from alight.trainer.dev import dev_rows, run_dev, served_model, with_endpoint, with_temperature
+from alight.trainer.tasks import dev_rows
 from tests.cli.test_dev_and_trace import alight
 from tests.fixtures.openai_server import ScriptedOpenAIServer, answer, tool_call
 

@@ -194,8 +194,8 @@ def test_eval_on_calc_warm_start_against_the_trained_run(tmp_path: Path) -> None
 
 
 def test_model_specs_ks_and_task_names() -> None:
+    from alight.commands.evaluation import parse_ks, parse_model, task_name
     from alight.errors import ConfigError
-    from alight.trainer.evaluation import parse_ks, parse_model, task_name
 
     assert parse_model("http://h:8000/v1") == ("http://h:8000/v1", None)
     assert parse_model("Qwen/Qwen2.5-1.5B@https://h/v1") == ("https://h/v1", "Qwen/Qwen2.5-1.5B")

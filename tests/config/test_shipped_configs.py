@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from alight.agent import LitAgent, load_agent
+from alight.agent_setup import runner_agent
 from alight.config import load_config, to_object
-from alight.trainer.dev import dev_rows
-from alight.trainer.stack import runner_agent
+from alight.trainer.tasks import dev_rows
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))

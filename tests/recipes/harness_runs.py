@@ -118,6 +118,7 @@ def run_through_pool(config: Path, model: CodingModel, tasks: list[dict[str, Any
     """The recipe's config as `alight train` builds its agent (the command agent in its sandbox, the
     tests reward), run by the real runner pool on `tasks` against a store server (SQLite) and the
     proxy in front of `model`, published as the `llm` resource."""
+    from alight.agent_setup import runner_agent
     from alight.config.loading import load_config, to_object
     from alight.errors import ConfigError
     from alight.proxy import Proxy, ProxyServer
@@ -125,7 +126,6 @@ def run_through_pool(config: Path, model: CodingModel, tasks: list[dict[str, Any
     from alight.store.client import StoreClient
     from alight.store.server import StoreServer
     from alight.store.sqlite import SqliteStore
-    from alight.trainer.stack import runner_agent
     from alight.types import LLMResource, Rollout, Task
 
     cfg = to_object(load_config(config))

@@ -181,7 +181,8 @@ def test_the_adapter_trains_the_writer_and_rewriter_never_the_checker(
 
 
 def test_dev_measures_execution_accuracy_exactly(bundled: Path, tmp_path: Path) -> None:
-    from alight.trainer.dev import dev_rows, run_dev
+    from alight.commands.dev import run_dev
+    from alight.trainer.tasks import dev_rows
 
     cfg = spider_config(bundled, tmp_path, "runner.n_runners=2")
     n = 8

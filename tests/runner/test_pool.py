@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from alight import semconv
+from alight.agent_setup import runner_agent, runner_command
 from alight.config.schema import AgentConfig
 from alight.errors import ConfigError
 from alight.runner import RunnerPool
 from alight.store.client import StoreClient
-from alight.trainer.stack import runner_agent, runner_command
 from alight.types import Rollout, RolloutStatus, Task
 
 from . import agents

@@ -66,7 +66,7 @@ CALLERS = {
     "check_algorithm": {"backends/factory.py"},  # inside check_backend
     # each loop's own settings, in its check_config (called by trainer/checks.py)
     "check_apo": {"trainer/loops/apo.py"},
-    "check_selection": {"trainer/loops/sft_store.py", "trainer/sft_source.py", "algorithms/sft.py"},
+    "check_selection": {"trainer/loops/sft_store.py", "commands/export.py", "algorithms/sft.py"},
     "check_source": {"trainer/loops/sft_store.py"},
     # each command checks once: train, dev and eval (validate, checks.py), `alight runner` (service.py)
     "check_pool": {"trainer/checks.py", "runner/service.py"},

@@ -112,8 +112,8 @@ def dev(
     from rich.console import Console
 
     from alight.cli import dev_render as show
+    from alight.commands.dev import run_dev
     from alight.config import load_config, to_object
-    from alight.trainer.dev import run_dev
 
     cfg = to_object(load_config(config, overrides or []))
     console = Console(stderr=as_json)
@@ -170,8 +170,8 @@ def eval_(
 
     Each model runs every task --n times through the full stack; a failed rollout scores 0."""
     from alight.cli import eval_render as show
+    from alight.commands.evaluation import run_eval
     from alight.config import load_config, to_object
-    from alight.trainer.evaluation import run_eval
 
     cfg = to_object(load_config(config, overrides or []))
     with show.progress(quiet=as_json) as on_progress:
@@ -289,13 +289,13 @@ def trace(
     transitions fine-tuning would select (algorithm.sft) as chat rows, to train on anywhere."""
     if export_sft is not None:
         from alight.cli.trace_render import sft_export
-        from alight.trainer import sft_source
+        from alight.commands import export
 
-        settings = sft_source.export_settings(
+        settings = export.export_settings(
             target, config=config, overrides=overrides or [], min_reward=min_reward, select=select,
             agent_match=agent_match, splits=split or [],
         )  # fmt: skip
-        sft_export(sft_source.export_sft(target, export_sft, *settings), as_json=as_json)
+        sft_export(export.export_sft(target, export_sft, *settings), as_json=as_json)
         return
     if transitions and rollout is None:
         raise ConfigError("--transitions needs --rollout ID (the rollout whose transitions to show)")
@@ -305,7 +305,7 @@ def trace(
     from rich.console import Console
 
     from alight.cli import trace_render as show
-    from alight.trainer import trace as reading
+    from alight.commands import trace as reading
 
     console = Console()
     if transitions:

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from alight.cli.trace_render import printable
-from alight.trainer.dev import DevRun
+from alight.trainer.tasks import DevRun
 
 
 def dev_run(console: Console, run: DevRun, *, as_json: bool) -> None:

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from alight.cli.trace_render import printable
-from alight.trainer.evaluation import EvalModel, EvalReport, report_json
+from alight.commands.evaluation import EvalModel, EvalReport, report_json
 
 
 @contextmanager

@@ -66,7 +66,7 @@ def store(
     ] = False,
 ) -> None:
     """Run a standalone store server, for runners on other machines."""
-    from alight.trainer.serve import serve_store
+    from alight.commands.serve import serve_store
 
     where = f"SQLite file {db}" if db is not None else "memory (lost when the server stops; use --db to keep it)"
 
@@ -125,7 +125,7 @@ def serve(
     ] = None,
 ) -> None:
     """Serve a model or a training checkpoint on an OpenAI-compatible API (/v1/chat/completions...)."""
-    from alight.trainer.serve import serve_model
+    from alight.commands.serve import serve_model
 
     def ready(url: str) -> None:
         typer.echo(f"alight serve: {engine} engine on {url}/v1 (model {model}); Ctrl-C stops it", err=True)
@@ -172,9 +172,9 @@ def runner(
     ] = None,
 ) -> None:
     """Run agents on the rollouts of a store server (on this or another machine) until Ctrl-C."""
+    from alight.agent_setup import runner_agent
+    from alight.commands.serve import serve_runners
     from alight.config.schema import AgentConfig
-    from alight.trainer.serve import serve_runners
-    from alight.trainer.stack import runner_agent
 
     if (agent is None) == (command is None):
         raise ConfigError("alight runner: give --agent (a Python entrypoint) or --command (a program), one of them")

@@ -1,4 +1,4 @@
-"""How `alight trace` shows what `alight.trainer.trace` reads: the rollouts table, one rollout's
+"""How `alight trace` shows what `alight.commands.trace` reads: the rollouts table, one rollout's
 span tree, the transitions table; or each as one JSON object on stdout (`--json`).
 
 What a run holds comes from agents and models (an untrained model emits arbitrary bytes): every
@@ -16,7 +16,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from alight import semconv
-from alight.trainer.trace import RolloutDetail
+from alight.commands.trace import RolloutDetail
 from alight.types import Span, SpanKind
 
 

@@ -26,9 +26,9 @@ def validate(cfg: ExperimentConfig, *, training: bool = True, engine: bool = Tru
     settings, and returns the loop that runs `cfg` (a kind in `alight.trainer.loops.LOOPS`); the
     commands that run the agent without training (`dev`, `eval`) check the rest, the engine's
     settings only where they use the config's `engine` (`engine`; `eval` of endpoints does not)."""
+    from alight.agent_setup import runner_agent
     from alight.runner.factory import check_pool
     from alight.store.factory import check_store
-    from alight.trainer.stack import runner_agent
 
     engine_class(cfg.engine.kind)  # an unknown engine.kind: one line, naming the kinds
     kind = _check_training(cfg) if training else None

@@ -16,7 +16,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alight.config.schema import AgentConfig, ExperimentConfig, RewardConfig
+from alight.agent_setup import judged_agent, runner_agent, runner_command
+from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError
 from alight.serving.advertise import check_advertise_url
 from alight.serving.auth import TOKEN_ENV, is_loopback, resolve_token
@@ -24,71 +25,10 @@ from alight.store.factory import check_store, open_store
 from alight.trainer.run_dir import STORE_FILE
 
 if TYPE_CHECKING:
-    from alight.agent import LitAgent
     from alight.runner.base import Pool
     from alight.store.base import Store
 
 logger = logging.getLogger(__name__)
-
-
-def runner_agent(agent: AgentConfig, *, check: bool = True, reward: RewardConfig | None = None) -> str | LitAgent:
-    """What runners run for a config's `agent` section: its entrypoint (each runner imports it), or
-    a `CommandAgent` for `agent.command` (sent to runners as it is, with its sandbox and `reward`).
-    With `check`, an entrypoint that does not import, a command whose executable is missing, or a
-    sandbox or tests reward this machine cannot run raises a one-line ConfigError."""
-    from alight.config.loading import AGENT_CHOICE
-
-    if (agent.entrypoint is None) == (agent.command is None):
-        raise ConfigError(AGENT_CHOICE)
-    if check:
-        from alight.command_agent import check_command_agent
-        from alight.rewards.checks import check_reward
-
-        reward = reward if reward is not None else RewardConfig()
-        check_reward(reward)
-        check_command_agent(agent.command, agent.sandbox, reward)
-    if agent.command is not None:
-        from alight.command_agent import command_agent
-
-        return command_agent(agent.command, agent.name, sandbox=agent.sandbox, reward=reward)
-    assert agent.entrypoint is not None
-    if check:
-        from alight.agent import load_agent
-
-        load_agent(agent.entrypoint)
-    if agent.name is not None:  # the agent's spans carry this name, not the function's or class's
-        from alight.agent import NamedEntrypoint
-
-        return NamedEntrypoint(agent.entrypoint, agent.name)
-    return agent.entrypoint
-
-
-def judged_agent(agent: str | LitAgent, reward: RewardConfig, run_dir: Path | None) -> str | LitAgent:
-    """`agent` (as `runner_agent` returns it), wrapped so an LLM judge gives its reward when
-    `reward.kind` is judge (alight.rewards.judge), with the run's shared score cache in `run_dir`.
-    The settings were checked with the agent (`runner_agent` with `check`)."""
-    from alight.rewards.kinds import reward_kind
-
-    if not reward_kind(reward).wraps_agent:
-        return agent
-    from alight.rewards.judge import JudgedAgent
-    from alight.rewards.judge_cache import CACHE_FILE
-
-    return JudgedAgent(agent, reward.judge, cache_path=None if run_dir is None else run_dir / CACHE_FILE)
-
-
-def runner_command(agent: str | LitAgent) -> str:
-    """The `alight runner` options that run `agent` (as `runner_agent` returns it) on another machine."""
-    import shlex
-
-    from alight.agent import NamedEntrypoint
-    from alight.command_agent import CommandAgent
-
-    if isinstance(agent, CommandAgent):
-        return f"--command {shlex.quote(shlex.join(agent.command))} --name {shlex.quote(agent.name)}"
-    if isinstance(agent, NamedEntrypoint):
-        return f"--agent {shlex.quote(agent.entrypoint)} --name {shlex.quote(agent.name)}"
-    return f"--agent {agent}"
 
 
 def check_endpoint(base_url: str, timeout_s: float = 5.0) -> None:

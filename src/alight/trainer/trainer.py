@@ -103,14 +103,14 @@ class Trainer:
 
     def dev(self, agent: Any = None, data: Rows | str | None = None, n: int | None = None) -> list[Any]:
         """Run the agent on `n` tasks through the full stack without training (`alight dev`)."""
-        from alight.trainer.dev import run_dev
+        from alight.trainer.tasks import run_tasks
 
         cfg = self._config_for(agent)
         if data is not None:
             if not isinstance(data, str):
                 raise ConfigError("Trainer.dev takes data as a spec (file or generator); pass rows to fit")
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, val=data))
-        return run_dev(cfg, self.run_dir, n=n).results
+        return run_tasks(cfg, self.run_dir, n=n).results
 
     # -- pieces ---------------------------------------------------------------------------------
     def _config_for(self, agent: Any) -> ExperimentConfig:

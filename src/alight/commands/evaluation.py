@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from alight.algorithms.evaluation import Difference, Interval, bootstrap_mean, mean_pass_at_k, paired_bootstrap
+from alight.commands.dev import served_model, with_endpoint, with_temperature
 from alight.config.schema import ExperimentConfig
 from alight.errors import ConfigError
-from alight.trainer.dev import DevResult, dev_rows, served_model, with_endpoint, with_temperature
+from alight.trainer.tasks import DevResult, dev_rows
 
 #: Keys a task row is named by in the per-task results, first found wins (SWE-bench, Calc-X, ours).
 TASK_NAME_KEYS = ("instance_id", "id", "task_id", "name")
@@ -203,7 +204,7 @@ def _evaluate(
     success: float,
     on_progress: Callable[[EvalModel, int, int], None] | None,
 ) -> None:
-    from alight.trainer.dev import run_on_stack
+    from alight.trainer.tasks import run_on_stack
 
     started = time.monotonic()
     model.run_dir = run_dir
