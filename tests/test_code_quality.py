@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -294,3 +295,46 @@ def test_no_module_or_function_is_too_long() -> None:
                 if size > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {size} lines")
     assert not long, "split these:\n" + "\n".join(sorted(long))
+
+
+#: The team's design notes, beside the checkout where sessions work (not in a clean clone).
+DESIGN = ROOT.parent / "shared" / "DESIGN.md"
+
+
+def design_table(text: str) -> dict[str, frozenset[str]]:
+    """DESIGN.md's parts table as {part: the parts it may import}: the first column's parts, the
+    third column's names ("—": none; "part: a, b; other: c" where a row's parts differ; words in
+    parentheses are notes)."""
+    table: dict[str, frozenset[str]] = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        parts = [name.strip("`/ ") for name in cells[0].split(",")]
+        imports = re.sub(r"\([^)]*\)", "", cells[2])
+
+        def names(text: str) -> frozenset[str]:
+            return frozenset(n.strip(" `/") for n in text.split(",") if n.strip(" `/") not in ("", "—"))
+
+        if ":" in imports:
+            for clause in imports.split(";"):
+                part, _, listed = clause.partition(":")
+                table[part.strip(" `/")] = names(listed)
+        else:
+            table.update({part: names(imports) for part in parts})
+    return table
+
+
+@pytest.mark.skipif(not DESIGN.is_file(), reason="../shared/DESIGN.md sits beside the team's checkouts only")
+def test_the_design_notes_parts_table_is_the_import_table() -> None:
+    assert design_table(DESIGN.read_text()) == ALLOWED
+
+
+def test_the_design_table_reader_reads_every_form_of_row() -> None:
+    text = (
+        "| part | owns | may import |\n| --- | --- | --- |\n"
+        "| `a`, `b` | x | — |\n| `c/` | y | a, b (why) |\n| `d`, `e` | z | d: a; e: a, c |\n"
+    )
+    assert design_table(text) == {
+        "a": frozenset(), "b": frozenset(), "c": {"a", "b"}, "d": {"a"}, "e": {"a", "c"},
+    }  # fmt: skip
