@@ -288,31 +288,48 @@ def trace(
     defaults without it) and Hydra overrides, as for alight train. --export-sft writes the
     transitions fine-tuning would select (algorithm.sft) as chat rows, to train on anywhere."""
     if export_sft is not None:
-        from alight.cli.trace_render import sft_export
-        from alight.commands import export
+        settings = dict(min_reward=min_reward, select=select, agent_match=agent_match, splits=split or [])
+        _export_sft(target, export_sft, config, overrides or [], settings, as_json)
+    elif transitions:
+        if rollout is None:
+            raise ConfigError("--transitions needs --rollout ID (the rollout whose transitions to show)")
+        _show_transitions(target, rollout, config, overrides or [], as_json)
+    else:
+        if config is not None or overrides:
+            given = " ".join(overrides or []) or f"--config {config}"
+            raise ConfigError(f"settings ({given}) apply to --transitions only")
+        _show_spans(target, rollout, all_attempts=all_attempts, otlp=otlp, limit=limit, as_json=as_json)
 
-        settings = export.export_settings(
-            target, config=config, overrides=overrides or [], min_reward=min_reward, select=select,
-            agent_match=agent_match, splits=split or [],
-        )  # fmt: skip
-        sft_export(export.export_sft(target, export_sft, *settings), as_json=as_json)
-        return
-    if transitions and rollout is None:
-        raise ConfigError("--transitions needs --rollout ID (the rollout whose transitions to show)")
-    if not transitions and (config is not None or overrides):
-        given = " ".join(overrides or []) or f"--config {config}"
-        raise ConfigError(f"settings ({given}) apply to --transitions only")
+
+def _export_sft(
+    target: str, out: Path, config: Path | None, overrides: list[str], settings: dict[str, Any], as_json: bool
+) -> None:
+    from alight.cli.trace_render import sft_export
+    from alight.commands import export
+
+    chosen = export.export_settings(target, config=config, overrides=overrides, **settings)
+    sft_export(export.export_sft(target, out, *chosen), as_json=as_json)
+
+
+def _show_transitions(target: str, rollout: str, config: Path | None, overrides: list[str], as_json: bool) -> None:
+    from rich.console import Console
+
+    from alight.cli import trace_render as show
+    from alight.commands import trace as reading
+
+    data = reading.read_transitions(target, rollout, config=config, overrides=overrides)
+    show.transitions(Console(), data, as_json=as_json)
+
+
+def _show_spans(
+    target: str, rollout: str | None, *, all_attempts: bool, otlp: Path | None, limit: int, as_json: bool
+) -> None:
     from rich.console import Console
 
     from alight.cli import trace_render as show
     from alight.commands import trace as reading
 
     console = Console()
-    if transitions:
-        assert rollout is not None
-        data = reading.read_transitions(target, rollout, config=config, overrides=overrides or [])
-        show.transitions(console, data, as_json=as_json)
-        return
     if rollout is None:
         show.rollouts(console, reading.read_rollouts(target, limit=limit, otlp_path=otlp), target, as_json=as_json)
     else:

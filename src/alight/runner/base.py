@@ -10,7 +10,7 @@ pool (`alight.runner.pool.RunnerPool`) runs worker processes, the Ray pool
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypedDict, runtime_checkable
 
 from alight.runner.slots import PoolStats
 
@@ -54,3 +54,21 @@ class Pool(Protocol):
     def __enter__(self) -> Pool: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+class PoolOptions(TypedDict, total=False):
+    """The keyword arguments both pools take (`RunnerPool(..., **options)`); see `Supervisor`."""
+
+    n_runners: int
+    tracer: str
+    drain_timeout_s: float
+    kill_grace_s: float
+    poll_interval_s: float
+    max_poll_interval_s: float
+    heartbeat_interval_s: float
+    restart_backoff_s: float
+    max_restart_backoff_s: float
+    max_restarts: int | None
+    start_timeout_s: float
+    instrument: bool
+    token: str | None

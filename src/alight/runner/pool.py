@@ -18,7 +18,8 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any, Unpack
 
 from alight.errors import ConfigError
-from alight.runner.supervisor import PoolOptions, Supervisor
+from alight.runner.base import PoolOptions
+from alight.runner.supervisor import Supervisor
 from alight.runner.transport import Event, RunnerHandle
 from alight.runner.worker import DRAIN_SIGNALS, EXIT_CONFIG, EXIT_DRAINED, EXIT_RECYCLE, WorkerSpec, worker_main
 

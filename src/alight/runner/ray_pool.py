@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
 from alight.config.schema import RayConfig, RunnerConfig
+from alight.runner.base import PoolOptions
 from alight.runner.ray_actor import EVENT_POLL_S, RunnerActor
 from alight.runner.ray_cluster import actor_options, check_capacity, check_ray, connect
-from alight.runner.supervisor import PoolOptions, Supervisor
+from alight.runner.supervisor import Supervisor
 from alight.runner.transport import Event, RunnerHandle
 from alight.runner.worker import WorkerSpec
 

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ClassVar, Self, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from alight.errors import ConfigError
 from alight.runner.endings import Ending, record_end, runner_credential, store_counts
@@ -41,24 +41,6 @@ if TYPE_CHECKING:
     from alight.store.client import StoreClient
 
 logger = logging.getLogger(__name__)
-
-
-class PoolOptions(TypedDict, total=False):
-    """The keyword arguments both pools take (`RunnerPool(..., **options)`); see `Supervisor`."""
-
-    n_runners: int
-    tracer: str
-    drain_timeout_s: float
-    kill_grace_s: float
-    poll_interval_s: float
-    max_poll_interval_s: float
-    heartbeat_interval_s: float
-    restart_backoff_s: float
-    max_restart_backoff_s: float
-    max_restarts: int | None
-    start_timeout_s: float
-    instrument: bool
-    token: str | None
 
 
 class Supervisor:

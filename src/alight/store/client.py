@@ -38,7 +38,7 @@ from alight.serving.credentials import Grant
 from alight.store import wire
 from alight.store.base import Store
 from alight.store.columns import LLMColumns, decode_columns, gc_paused
-from alight.store.factory import OpenOptions, StoreSpec, parse_url
+from alight.store.factory import OpenOptions, StoreSpec, server_spec
 from alight.store.span_batcher import SpanBatcher
 from alight.store.wire import IDEMPOTENCY_HEADER
 from alight.types import (
@@ -76,14 +76,7 @@ class StoreClient(Store):
 
     @classmethod
     def check_config(cls, cfg: StoreConfig) -> StoreSpec:
-        if not cfg.url:
-            raise ConfigError(f"store.kind={cls.kind} needs store.url (an `alight store` server, http://HOST:PORT)")
-        parsed = parse_url(cfg.url, key="store.url")
-        if parsed.kind != cls.kind:
-            raise ConfigError(
-                f"store.url={cfg.url!r}: store.kind={cls.kind} needs http://HOST:PORT or https://HOST:PORT"
-            )
-        return parsed
+        return server_spec(cfg, cls.kind)
 
     @classmethod
     def from_spec(cls, spec: StoreSpec, options: OpenOptions) -> StoreClient:

@@ -114,6 +114,16 @@ def check_store(spec: StoreConfig | str) -> StoreSpec:
     return store_class(store_kind(spec)).check_config(spec)
 
 
+def server_spec(cfg: StoreConfig, kind: str) -> StoreSpec:
+    """The spec of a store server's `store.url` (kind http); ConfigError when it names none."""
+    if not cfg.url:
+        raise ConfigError(f"store.kind={kind} needs store.url (an `alight store` server, http://HOST:PORT)")
+    parsed = parse_url(cfg.url, key="store.url")
+    if parsed.kind != kind:
+        raise ConfigError(f"store.url={cfg.url!r}: store.kind={kind} needs http://HOST:PORT or https://HOST:PORT")
+    return parsed
+
+
 def parse_url(url: str, key: str = "store URL") -> StoreSpec:
     """The store choice a URL spells (sqlite:///PATH, memory://, http(s)://HOST:PORT); one-line
     ConfigError naming `key` otherwise."""

@@ -85,20 +85,7 @@ def make_span(
     if not rollout_id or not attempt_id:
         return None
     raw_kind = attributes.get(semconv.SPAN_KIND)
-    raw_sequence = attributes.get(semconv.SEQUENCE_ID)
-    attrs: dict[str, Any] = {}
-    for key, value in attributes.items():
-        if key in _ROUTING:
-            continue
-        if key in semconv.JSON_ATTRIBUTES and isinstance(value, str):
-            value = _json_or_text(value)
-        attrs[key] = value
-    if keep_resource:
-        for key, value in resource_attributes.items():
-            if key not in _ROUTING:
-                attrs.setdefault(semconv.RESOURCE_PREFIX + key, value)
-    if events:
-        attrs.setdefault(semconv.OTEL_EVENTS, events)
+    attrs = _span_attributes(attributes, resource_attributes if keep_resource else {}, events)
     genai_kind = None
     if genai.is_genai(name, attrs):
         try:
@@ -114,16 +101,10 @@ def make_span(
         kind = SpanKind(raw_kind) if raw_kind is not None else genai_kind or infer_kind(name, attrs)
     except ValueError:
         kind = SpanKind.OTHER
-    sequence_id = None
-    if raw_sequence is not None:
-        try:
-            sequence_id = int(raw_sequence)
-        except (TypeError, ValueError, OverflowError):
-            sequence_id = None
     fields: dict[str, Any] = dict(
         rollout_id=str(rollout_id),
         attempt_id=str(attempt_id),
-        sequence_id=sequence_id,
+        sequence_id=_sequence(attributes.get(semconv.SEQUENCE_ID)),
         trace_id=trace_id,
         span_id=span_id,
         parent_id=parent_id or None,
@@ -141,6 +122,35 @@ def make_span(
         return Span.model_validate(fields)
     except ValidationError as err:
         logger.debug("OTLP span %r refused: %s", name, err)
+        return None
+
+
+def _span_attributes(
+    attributes: Mapping[str, Any], resource_attributes: Mapping[str, Any], events: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """The span's attributes but the routing ids (JSON-valued ones decoded), then the resource's
+    as `resource.`-prefixed ones, then the events under `semconv.OTEL_EVENTS`."""
+    attrs: dict[str, Any] = {}
+    for key, value in attributes.items():
+        if key in _ROUTING:
+            continue
+        if key in semconv.JSON_ATTRIBUTES and isinstance(value, str):
+            value = _json_or_text(value)
+        attrs[key] = value
+    for key, value in resource_attributes.items():
+        if key not in _ROUTING:
+            attrs.setdefault(semconv.RESOURCE_PREFIX + key, value)
+    if events:
+        attrs.setdefault(semconv.OTEL_EVENTS, events)
+    return attrs
+
+
+def _sequence(raw: Any) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
