@@ -7,7 +7,7 @@ kept, skipped, cut and merged. Credit assignment and advantages live in `alight.
 
 from alight.adapters.adapter import MODES, AdaptedRollout, SpanAdapter, ToolReward, episode_reward
 from alight.adapters.calls import LLMCall, truncate_call
-from alight.adapters.retokenize import TokenizeFn, retokenize
+from alight.adapters.retokenize import Retokenizer, TokenizeFn, retokenize
 from alight.adapters.spans import SpanData, SpanLike, ordered_spans, span_data
 from alight.adapters.stats import AdapterStats
 from alight.adapters.trajectory import merge_trajectories
@@ -17,6 +17,7 @@ __all__ = [
     "AdaptedRollout",
     "AdapterStats",
     "LLMCall",
+    "Retokenizer",
     "SpanAdapter",
     "SpanData",
     "SpanLike",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alight.adapters.calls import LLMCall, truncate_call
-from alight.adapters.retokenize import retokenize
+from alight.adapters.retokenize import Retokenizer, retokenize
 from alight.adapters.spans import (
     SpanData,
     SpanLike,
@@ -89,7 +89,7 @@ class SpanAdapter:
         mode: str = "transition",
         max_prompt_length: int | None = None,
         max_response_length: int | None = None,
-        tokenizer: Any = None,
+        tokenizer: Retokenizer | None = None,
         tool_reward: ToolReward | None = None,
     ) -> None:
         if mode not in MODES:

@@ -16,14 +16,18 @@ from typing import Any
 
 from alight import semconv
 from alight.adapters.calls import LLMCall
-from alight.adapters.retokenize import retokenize
+from alight.adapters.retokenize import Retokenizer, retokenize
 from alight.adapters.trajectory import merge_trajectories
 from alight.errors import ConfigError
 from alight.types import Transition
 
 
 def demonstration_transitions(
-    rows: Iterable[Mapping[str, Any]], tokenizer: Any, *, max_length: int | None = None, mode: str = "transition"
+    rows: Iterable[Mapping[str, Any]],
+    tokenizer: Retokenizer,
+    *,
+    max_length: int | None = None,
+    mode: str = "transition",
 ) -> tuple[list[Transition], int]:
     """The transitions of every assistant message of every row (reward and advantage 1.0), or with
     `mode="trajectory"` one masked transition per row, and the number of transitions dropped for

@@ -20,11 +20,11 @@ logger = logging.getLogger(__name__)
 
 #: A tokenizer callable: (messages, tools, response message) -> (prompt ids, response ids), or None.
 TokenizeFn = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]], tuple[list[int], list[int]]]
+#: What ids are rebuilt with: a tokenizer with a chat template (a Hugging Face tokenizer fits), or a `TokenizeFn`.
+Retokenizer = ChatTokenizer | TokenizeFn
 
 
-def retokenize(
-    tokenizer: ChatTokenizer | TokenizeFn, attributes: Mapping[str, Any]
-) -> tuple[list[int], list[int]] | None:
+def retokenize(tokenizer: Retokenizer, attributes: Mapping[str, Any]) -> tuple[list[int], list[int]] | None:
     """(prompt ids, response ids) of an LLM span rebuilt with `tokenizer`, or None if it cannot be done.
 
     `tokenizer` is a tokenizer with a chat template (`alight.chat_template.ChatTokenizer`, such as a

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from alight.adapters import AdaptedRollout, AdapterStats, SpanAdapter, SpanLike
+from alight.adapters import AdaptedRollout, AdapterStats, Retokenizer, SpanAdapter, SpanLike
 from alight.algorithms import columnar
 from alight.algorithms.advantages import ESTIMATORS, compute_advantages, group_index
 from alight.algorithms.air import parse_air_rules
@@ -60,7 +60,11 @@ class LightningRL:
 
     @classmethod
     def from_config(
-        cls, adapter: AdapterConfig | None = None, algorithm: AlgorithmConfig | None = None, *, tokenizer: Any = None
+        cls,
+        adapter: AdapterConfig | None = None,
+        algorithm: AlgorithmConfig | None = None,
+        *,
+        tokenizer: Retokenizer | None = None,
     ) -> LightningRL:
         """The pipeline the config groups describe; `tokenizer` (a Hugging Face tokenizer or a
         `TokenizeFn`) re-tokenises calls recorded without token ids. ConfigError for bad settings."""

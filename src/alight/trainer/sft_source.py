@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from alight.algorithms.sft import SelectionCounts, eligible_rollouts, select_transitions
@@ -27,6 +27,9 @@ from alight.errors import ConfigError, StoreError
 from alight.store.base import Store
 from alight.trainer.run_dir import STORE_FILE
 from alight.types import Transition
+
+if TYPE_CHECKING:
+    from alight.adapters import Retokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +119,7 @@ async def source_store(target: str) -> AsyncIterator[Store]:
 
 
 async def select_from_store(
-    store: Store, adapter: AdapterConfig, algorithm: AlgorithmConfig, *, tokenizer: Any = None
+    store: Store, adapter: AdapterConfig, algorithm: AlgorithmConfig, *, tokenizer: Retokenizer | None = None
 ) -> Selection:
     """The transitions of the store's succeeded rollouts in `algorithm.sft.splits`, cut by the
     adapter (agent_match, mode, truncation; `tokenizer` rebuilds ids a call was recorded without)
@@ -139,7 +142,7 @@ async def select_from_store(
 
 
 def read_selection(
-    target: str, adapter: AdapterConfig, algorithm: AlgorithmConfig, *, tokenizer: Any = None
+    target: str, adapter: AdapterConfig, algorithm: AlgorithmConfig, *, tokenizer: Retokenizer | None = None
 ) -> Selection:
     """`select_from_store` on the store at `target`, opened read only."""
 
