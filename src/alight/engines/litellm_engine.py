@@ -15,7 +15,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from alight.chat_template import render_prompt, render_reply, template_messages
+from alight.chat_template import ChatTokenizer, render_prompt, render_reply, template_messages
 from alight.engines.base import ChatRequest, CompletionRequest, Engine, EngineCapabilities, Generation, SamplingParams
 from alight.engines.openai_response import generation_from_response, optional_sampling
 from alight.engines.toolcalls import validate_tools
@@ -119,7 +119,7 @@ class LiteLLMEngine(Engine):
             return_token_ids if return_token_ids is not None else bool(base_url) or model.startswith("hosted_vllm/")
         )
         self._max_context = max_context
-        self._tokenizer: Any = None
+        self._tokenizer: ChatTokenizer | None = None
         self._tokenizer_lock = threading.Lock()
 
     @property
@@ -144,7 +144,7 @@ class LiteLLMEngine(Engine):
             raise ConfigError(f"litellm engine: environment variable {self._api_key_env} (api_key_env) is not set")
         return key
 
-    def _load_tokenizer(self) -> Any:
+    def _load_tokenizer(self) -> ChatTokenizer:
         with self._tokenizer_lock:
             if self._tokenizer is None:
                 from alight.models.chat_templates import load_tokenizer
@@ -231,7 +231,7 @@ class LiteLLMEngine(Engine):
 
     # -- token ids from a local tokenizer ----------------------------------------------------------
 
-    def _end_ids(self, tokenizer: Any) -> set[int]:
+    def _end_ids(self, tokenizer: ChatTokenizer) -> set[int]:
         ends = {tokenizer.eos_token_id}
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:

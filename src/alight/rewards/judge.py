@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from alight import semconv
 from alight.agent import LLM, AgentFailure, LitAgent, load_agent
@@ -40,6 +40,9 @@ from alight.rewards.judge_score import JudgeAnswerError, judge_messages, parse_s
 from alight.tracing import agent_scope, current_attempt
 from alight.tracing.context import set_frame
 from alight.types import Attempt, Rollout, Span, SpanKind, SpanStatus
+
+if TYPE_CHECKING:
+    from alight.engines.base import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +67,7 @@ class JudgedAgent(LitAgent):
         self.judge = JudgeConfig(**{key: getattr(judge, key) for key in JudgeConfig.__dataclass_fields__})
         self.cache = JudgeCache(cache_path) if judge.cache else None
         self._loaded: LitAgent | None = agent if isinstance(agent, LitAgent) else None
-        self._engine: Any = None
+        self._engine: Engine | None = None
 
     def __repr__(self) -> str:
         return f"JudgedAgent({self.agent!r}, model={self.judge.model!r})"

@@ -13,11 +13,14 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from alight.errors import ConfigError
+
+if TYPE_CHECKING:
+    from alight.backends.base import Backend
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
@@ -89,7 +92,7 @@ def restore_rng(state: dict[str, Any]) -> Any:
 def save_checkpoint(
     run_dir: Path,
     step: int,
-    backend: Any,
+    backend: Backend,
     state: dict[str, Any],
     *,
     tokenizer_dir: Path,

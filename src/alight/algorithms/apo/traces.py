@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alight import semconv
+
+if TYPE_CHECKING:
+    from alight.store.base import Store
 
 MESSAGE_CHARS = 400  # one message's content keeps its head and tail beyond this
 
@@ -66,7 +69,7 @@ def render_trace(spans: Sequence[Mapping[str, Any]], reward: float | None, max_c
     return clip("\n".join(lines), max(0, max_chars - len(ending) - 1)) + "\n" + ending
 
 
-async def read_traces(store: Any, rewards: Mapping[str, float | None], max_chars: int) -> list[str]:
+async def read_traces(store: Store, rewards: Mapping[str, float | None], max_chars: int) -> list[str]:
     """`render_trace` of each rollout in `rewards` (rollout id -> reward), read from `store`."""
     spans = await store.span_dicts(list(rewards))
     return [render_trace(spans.get(rid, []), reward, max_chars) for rid, reward in rewards.items()]
