@@ -17,6 +17,7 @@ from alight.types import Rollout, RolloutMode, RolloutStatus, Task
 
 if TYPE_CHECKING:
     from alight.backends.base import EngineWeights
+    from alight.proxy.proxy import Proxy
     from alight.store.base import Store
     from alight.trainer.stack import LocalStack
 
@@ -130,8 +131,14 @@ class StepRollouts:
         for i, rollout_id in enumerate(ids):
             self.set_sampling([rollout_id], {**(sampling or {}), "seed": (base + i * 7_919) % 2**31})
 
+    def _proxy(self) -> Proxy:
+        server = self.stack.proxy_server
+        if server is None:
+            raise RuntimeError("the stack is not started")
+        return server.proxy
+
     def set_sampling(self, ids: Sequence[str], sampling: Mapping[str, Any] | None) -> None:
-        self.stack.proxy_server.proxy.set_rollout_sampling(ids, sampling)
+        self._proxy().set_rollout_sampling(ids, sampling)
 
     async def wait(
         self, step: int, ids: Sequence[str], timeout_s: float, min_fraction: float, *, stage: str | None = None
@@ -165,16 +172,16 @@ class StepRollouts:
 
     async def flush(self) -> None:
         """Every answered LLM call's span is in the store on return."""
-        await self.stack.proxy_server.proxy.flush()
+        await self._proxy().flush()
 
     async def offloaded(self, work: Callable[[], T]) -> T:
         """`work()` with the engine asleep and calls held (a colocated backend's update)."""
-        result: T = await self.stack.proxy_server.proxy.offloaded(work)
+        result: T = await self._proxy().offloaded(work)
         return result
 
     async def serve(self, weights: EngineWeights, version: int) -> None:
         """The engine serves `weights` as `version`; a new resource version tells runners so."""
-        await self.stack.proxy_server.proxy.update_weights(weights, version)
+        await self._proxy().update_weights(weights, version)
         await self.store.add_resources(self.stack.resources())
 
     async def summarise(self, ended: Sequence[Rollout], split: str) -> dict[str, Any]:

@@ -25,8 +25,10 @@ from alight.store.factory import check_store, open_store
 from alight.trainer.run_dir import STORE_FILE
 
 if TYPE_CHECKING:
+    from alight.proxy.server import ProxyServer
     from alight.runner.base import Pool
     from alight.store.base import Store
+    from alight.store.server import StoreServer
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +72,8 @@ class LocalStack:
         self.store_advertise_url: str | None = None  # as runners reach it, here and on other machines
         # One shared token for the run's store, proxy and runners (ALIGHT_TOKEN); None on loopback.
         self.token = resolve_token()
-        self._store_server: Any = None
-        self.proxy_server: Any = None
+        self._store_server: StoreServer | None = None
+        self.proxy_server: ProxyServer | None = None
         self.pool: Pool | None = None
 
     def start(self) -> LocalStack:
@@ -168,6 +170,8 @@ class LocalStack:
         """The resource set runners use: the policy behind the proxy as `llm`, and `extra_resources`."""
         from alight.types import LLMResource
 
+        if self.proxy_server is None:
+            raise RuntimeError("the stack is not started")
         return {
             **self.extra_resources,
             "llm": LLMResource(
