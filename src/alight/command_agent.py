@@ -48,7 +48,7 @@ import shlex
 import shutil
 import signal
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -128,7 +128,9 @@ class CommandAgent(LitAgent):
         except SandboxError as err:
             raise AgentFailure(f"agent {self.name}: {err}") from None
 
-    async def _attempt(self, task: Any, env: dict[str, str], folder: Path, run: Any) -> float | None:
+    async def _attempt(
+        self, task: Any, env: dict[str, str], folder: Path, run: Callable[..., Awaitable[RunResult]]
+    ) -> float | None:
         """Write the task, run the program with `run`, and read its reward (see the module docstring)."""
         task_json = json.dumps(task, default=str)
         task_file, reward_file = folder / "task.json", folder / "reward"

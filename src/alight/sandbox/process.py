@@ -16,7 +16,6 @@ import resource
 import shlex
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from alight.sandbox.result import TAIL_BYTES, RunResult, SandboxError, Sink
 
@@ -115,7 +114,7 @@ async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
         pipe.close()
 
 
-async def _drain(stream: asyncio.StreamReader, sink: Any, log: str | None = None) -> None:
+async def _drain(stream: asyncio.StreamReader, sink: Sink, log: str | None = None) -> None:
     """Read `stream` to its end, chunk by chunk, into `sink`."""
     while True:
         chunk = await stream.read(_READ_CHUNK)
