@@ -347,3 +347,61 @@ def test_the_design_table_reader_reads_every_form_of_row() -> None:
     assert design_table(text) == {
         "a": frozenset(), "b": frozenset(), "c": {"a", "b"}, "d": {"a"}, "e": {"a", "c"},
     }  # fmt: skip
+
+
+#: Parameter names that mean one of alight's own collaborators (Engine, Store, Backend, Policy,
+#: LocalStack, RunSession, Proxy, Watchers, AdapterStats, ChatTokenizer, Sandbox, Pool); `watchers`
+#: is not one: a watcher has only some of TrainerEvents' methods, so it stays Any.
+COLLABORATORS = frozenset(
+    {
+        *("engine", "store", "backend", "policy", "stack", "session", "proxy", "events", "stats", "tokenizer"),
+        *("sandbox", "box", "pool"),
+    }
+)
+#: Where such a name means a third-party object instead: (module path prefix, name).
+THIRD_PARTY_NAMES = frozenset(
+    {
+        # a Hugging Face tokenizer: models/ sits below chat_template, where alight's ChatTokenizer is
+        ("models/", "tokenizer"),
+        ("tracing/", "session"),  # an aiohttp ClientSession being instrumented
+        ("backends/verl/", "pool"),  # a Ray resource pool
+    }
+)
+
+
+def _bare_any(annotation: ast.expr) -> bool:
+    """`Any`, `"Any"`, `Any | None` or `Optional[Any]`."""
+    text = ast.unparse(annotation).replace("'", "").replace('"', "")
+    return text in ("Any", "typing.Any", "Any | None", "None | Any", "Optional[Any]")
+
+
+def bare_any_collaborators(package: Path) -> list[str]:
+    """Parameters named like an in-house collaborator but annotated bare `Any`."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                if arg.arg not in COLLABORATORS or arg.annotation is None or not _bare_any(arg.annotation):
+                    continue
+                if any(rel.startswith(prefix) and arg.arg == name for prefix, name in THIRD_PARTY_NAMES):
+                    continue
+                found.append(f"{rel}:{arg.lineno} {node.name}({arg.arg}: {ast.unparse(arg.annotation)})")
+    return found
+
+
+def test_in_house_collaborators_are_typed_not_any(tmp_path: Path) -> None:
+    """A parameter named like one of alight's own collaborators has that type, not `Any` (issue 43);
+    a watcher (some of TrainerEvents' methods), a JSON payload or a third-party object keeps `Any`."""
+    found = bare_any_collaborators(PACKAGE)
+    assert not found, "type these with alight's own class (or add a third-party exception):\n" + "\n".join(found)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "a.py").write_text(
+        "def f(store: Any, engine: 'Any', stats: Any | None, *, events: Optional[Any] = None, ok: Any = 1):\n    pass\n"
+    )
+    (tmp_path / "models" / "b.py").write_text("async def g(tokenizer: Any, stack: Any) -> None: ...\n")
+    assert [line.split(" ", 1)[1] for line in bare_any_collaborators(tmp_path)] == [
+        "f(store: Any)", "f(engine: 'Any')", "f(stats: Any | None)", "f(events: Optional[Any])", "g(stack: Any)",
+    ]  # fmt: skip
