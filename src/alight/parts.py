@@ -3,8 +3,8 @@
 A part (engines, backends, stores, loops, runner pools, sandboxes, rewards, tracers) keeps one
 `Registry` of its kinds: the config key that chooses one (`engine.kind`), and for each kind where
 its class lives, as "module:Class" (imported only when the kind is chosen, so naming a kind costs
-no heavy import). A kind's class follows `Part`: `check_config` refuses the settings it cannot run
-with (one-line ConfigError, before anything starts) and `from_config` builds it; what the rest of
+no heavy import). A kind's class states `check_config`, refusing the settings it cannot run with
+(one-line ConfigError, before anything starts), and how it is built from its config; what the rest of
 alight may ask about a kind (can its weights be updated? does it serve adapters?) is a class
 attribute of that kind, never a comparison of its name. Adding a kind is a new file plus one
 `register` call:
@@ -19,25 +19,11 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from alight.errors import ConfigError
 
 T = TypeVar("T")
-
-
-class Part(Protocol):
-    """What each kind's class states, beside the protocol its instances follow."""
-
-    kind: ClassVar[str]
-
-    @classmethod
-    def check_config(cls, *args: Any, **kwargs: Any) -> None:
-        """ConfigError, in one line, for settings this kind cannot run with; nothing starts."""
-
-    @classmethod
-    def from_config(cls, *args: Any, **kwargs: Any) -> Any:
-        """An instance built from its config section (and what the caller adds)."""
 
 
 class Registry(Generic[T]):
@@ -60,9 +46,6 @@ class Registry(Generic[T]):
     def unregister(self, kind: str) -> None:
         """Forget `kind` (a test's own kind, at its end)."""
         self._entries.pop(kind, None)
-
-    def kinds(self) -> tuple[str, ...]:
-        return tuple(self._entries)
 
     def __contains__(self, kind: object) -> bool:
         return kind in self._entries

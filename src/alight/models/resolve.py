@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from alight.errors import ConfigError
-from alight.models.sources import Progress, is_model_dir, prepare_model
+
+if TYPE_CHECKING:  # sources loads when a spec is resolved, not when TINY is read
+    from alight.models.sources import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,8 @@ def resolve_model(
     Raises:
         ConfigError: nothing loadable is named by `spec` (one line, saying what to do).
     """
+    from alight.models.sources import is_model_dir, prepare_model
+
     spec = str(spec)
     if spec == TINY:
         out = Path(tiny_dir) if tiny_dir is not None else default_cache_dir() / TINY
@@ -72,6 +77,8 @@ def resolve_model(
 
 def newest_checkpoint(path: Path, spec: str) -> Path:
     """The newest subdirectory of `path` (or of its `checkpoints/`, a run directory's) holding a model."""
+    from alight.models.sources import is_model_dir
+
     if (path / "checkpoints").is_dir():  # a training run directory: its checkpoints, not its base model
         path = path / "checkpoints"
     candidates = [child for child in path.iterdir() if is_model_dir(child)]
