@@ -319,7 +319,8 @@ class VerlBackend(FactoryDefaults):
         rows = len(data)
         inputs = self._worker_input(data, SEQUENCE_KEYS, self._world_size() * micro, meta, masked=False)
         output = _wait(call(inputs))
-        return no_padding_2_padding(tu.get(output, key), inputs)[:rows].float()
+        padded: torch.Tensor = no_padding_2_padding(tu.get(output, key), inputs)
+        return padded[:rows].float()
 
     def _update_critic(self, data: DataProto, mini: int, rows: int) -> dict[str, float]:
         from alight.backends.verl.batch import update_meta
