@@ -63,7 +63,8 @@ ALLOWED: dict[str, frozenset[str]] = {
         "chat_template": set(),
         "entrypoints": set(),
         "serving": set(),
-        "config": {"models"},  # models: the default model's name (TINY)
+        "shipped": set(),
+        "config": {"models", "shipped"},  # models: the default model's name (TINY); shipped: configs by name
         "models": set(),
         "dashboard": set(),
         "data": {"entrypoints"},
@@ -91,7 +92,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         },
         "<root>": {"agent", "config", "store", "tracing", "trainer"},
         # models: the default model's name
-        "cli": {"commands", "trainer", "agent_setup", "config", "dashboard", "models", "<root>"},
+        "cli": {"commands", "trainer", "agent_setup", "config", "dashboard", "models", "shipped", "<root>"},
         "__main__": {"cli"},
     }.items()
 }

@@ -24,12 +24,14 @@ def config_param(path: Path) -> object:
 
 
 @pytest.mark.parametrize("path", [config_param(p) for p in CONFIGS])
-def test_shipped_config_loads_with_its_agent_and_data(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shipped_config_loads_with_its_agent_and_data(
+    path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     if path.stem in OWN_ENVIRONMENT:
         module = OWN_ENVIRONMENT[path.stem]
         pytest.importorskip(module, reason=f'{module} is not installed (pip install "alight[{module}]")')
-    monkeypatch.chdir(REPO)  # configs name paths from the repository root, as the README runs them
-    cfg = to_object(load_config(path))
+    monkeypatch.chdir(tmp_path)  # a config's paths are read against its folder: any working folder will do
+    cfg = to_object(load_config(path.stem))  # by name, as `alight train calc` reads it
     agent = runner_agent(cfg.agent)  # an entrypoint, or a command agent (any language)
     assert (agent if isinstance(agent, LitAgent) else load_agent(agent)).name
     assert len(dev_rows(cfg, 2)) == 2

@@ -13,8 +13,11 @@ import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from alight import __version__
-from alight.cli import servers
+from alight.cli import recipes, servers
 from alight.errors import AlightError, ConfigError, TrainingError
+
+#: The config argument of every command that runs an experiment.
+CONFIG_HELP = "Experiment YAML, or a shipped experiment's name (`alight recipes` lists them)."
 
 
 def _plain_flags(params: list[Any]) -> list[Any]:
@@ -67,13 +70,15 @@ def _root(
         handler.setLevel(level)
 
 
+app.command(cls=_Command)(recipes.recipes)
+app.command(cls=_Command)(recipes.init)
 app.command(cls=_Command)(servers.store)
 app.command(cls=_Command)(servers.serve)
 
 
 @app.command(cls=_Command, context_settings={"allow_extra_args": False})
 def dev(
-    config: Annotated[Path, typer.Argument(help="Experiment YAML (configs/*.yaml).")],
+    config: Annotated[Path, typer.Argument(help=CONFIG_HELP)],
     overrides: Annotated[
         list[str] | None, typer.Argument(help="Hydra overrides such as runner.n_runners=2.", show_default=False)
     ] = None,
@@ -139,7 +144,7 @@ def dev(
 
 @app.command("eval", cls=_Command, context_settings={"allow_extra_args": False})
 def eval_(
-    config: Annotated[Path, typer.Argument(help="Experiment YAML (configs/*.yaml).")],
+    config: Annotated[Path, typer.Argument(help=CONFIG_HELP)],
     overrides: Annotated[
         list[str] | None, typer.Argument(help="Hydra overrides such as runner.n_runners=2.", show_default=False)
     ] = None,
@@ -184,7 +189,7 @@ def eval_(
 
 @app.command(cls=_Command, context_settings={"allow_extra_args": False})
 def train(
-    config: Annotated[Path, typer.Argument(help="Experiment YAML (configs/*.yaml).")],
+    config: Annotated[Path, typer.Argument(help=CONFIG_HELP)],
     overrides: Annotated[
         list[str] | None,
         typer.Argument(help="Hydra overrides such as algorithm.lr=1e-6 runner.n_runners=8.", show_default=False),

@@ -12,8 +12,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from alight.config.paths import resolve_paths
 from alight.config.schema import SCHEMA_NAME, ExperimentConfig, register
 from alight.errors import ConfigError, one_line
+from alight.shipped import find_config
 
 _MAIN_NAME = "__alight_main__"
 #: What a config must say about its agent.
@@ -22,7 +24,10 @@ _lock = threading.Lock()  # Hydra's compose API keeps global state
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
-    """Compose `path` over the schema and apply `key=value` overrides (Hydra syntax).
+    """Compose `path` (a config file, or a shipped experiment's name: `calc`) over the schema and
+    apply `key=value` overrides (Hydra syntax). Relative input paths become absolute: those the
+    file writes against its folder, those the overrides give against the current one
+    (`alight.config.paths`).
 
     Unknown keys, wrong types and missing required values raise a one-line ConfigError that names
     them."""
@@ -32,7 +37,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
     from omegaconf.errors import OmegaConfBaseException
     from yaml import YAMLError
 
-    file = Path(path).expanduser()
+    file = find_config(path)
     if not file.is_file():
         raise ConfigError(f"config file {file} does not exist")
     if file.suffix not in (".yaml", ".yml"):
@@ -56,6 +61,10 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
         raise ConfigError(f"config {file}: required value missing: {', '.join(missing)}")
     if (cfg.agent.entrypoint is None) == (cfg.agent.command is None):
         raise ConfigError(f"config {file}: {AGENT_CHOICE}")
+    try:
+        resolve_paths(cfg, file.resolve().parent, _override_keys(overrides))
+    except ConfigError as err:
+        raise ConfigError(f"config {file}: {err}") from None
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
@@ -85,6 +94,13 @@ def _check_keys(file: Path, overrides: Sequence[str]) -> None:
         found = _unknown_path(override.key_or_group.split("."), ExperimentConfig)
         if found is not None:
             raise ConfigError(f"config {file}: override {override.input_line!r}: {_unknown_key(*found)}")
+
+
+def _override_keys(overrides: Sequence[str]) -> set[str]:
+    """The dotted keys the command-line overrides set (Hydra has parsed them by now)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return {o.key_or_group for o in OverridesParser.create().parse_overrides(list(overrides))}
 
 
 _HYDRA_KEYS = ("defaults", "hydra")  # top-level keys an experiment file may hold for Hydra itself
