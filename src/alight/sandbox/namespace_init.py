@@ -1,5 +1,5 @@
 """PID 1 of a `kind: local` sandbox (run by `unshare` in fresh user, mount, pid and network
-namespaces; standard library only, started by path, not imported by alight).
+namespaces; standard library only, started by path; alight imports its `pipe` and `start_failure`).
 
     python namespace_init.py SPEC.json
 
