@@ -6,9 +6,10 @@
 
 The command is checked where the config is loaded (the executable must exist) and runs in the
 directory alight was started from, so relative paths in it are relative to that directory, as
-`agent.entrypoint` file paths are. Each attempt starts the program in a session of its own with
-the task as JSON on stdin and in the file `ALIGHT_TASK_FILE`, and with these variables (besides the
-runner's own environment):
+`agent.entrypoint` file paths are. `python` or `python3` as its program is the interpreter running
+alight, not the PATH's (kind docker: the image's); name another to use it. Each attempt starts the
+program in a session of its own with the task as JSON on stdin and in the file `ALIGHT_TASK_FILE`,
+and with these variables (besides the runner's own environment):
 
     OPENAI_BASE_URL / OPENAI_API_KEY        the proxy route of this attempt and agent (.../v1)
     ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY  the same route without /v1
@@ -59,8 +60,8 @@ from alight.config.schema import RewardConfig, SandboxConfig
 from alight.errors import ConfigError
 from alight.rewards.kinds import reward_kind
 from alight.rewards.tests import check_hidden, check_tests_reward, reward_from_tests
-from alight.sandbox.base import RunResult, SandboxError, task_folder
-from alight.sandbox.factory import check_sandbox, isolates, open_sandbox, sandbox_environment
+from alight.sandbox.base import RunResult, Sandbox, SandboxError, task_folder, with_alight_python
+from alight.sandbox.factory import check_sandbox, isolates, open_sandbox, sandbox_class, sandbox_environment
 from alight.sandbox.process import run_process
 from alight.tracing.context import current_attempt, current_frame
 from alight.types import Attempt, Rollout, SpanKind
@@ -90,12 +91,13 @@ class CommandAgent(LitAgent):
         reward: RewardConfig | None = None,
     ) -> None:
         self.cwd = str(Path(cwd if cwd is not None else Path.cwd()).expanduser().resolve())
-        self.command = _checked_command(command, self.cwd)
         self.reward = reward
         self.tests = (
             reward.tests if reward is not None and reward_kind(reward).runs_in_sandbox else None
         )  # they give it
         self.sandbox = sandbox if sandbox is not None or self.tests is None else SandboxConfig()
+        where = sandbox_class(self.sandbox.kind) if self.sandbox is not None else None
+        self.command = _checked_command(command, self.cwd, where)
         self.time_s = self.sandbox.time_s if self.sandbox is not None else None
         if self.sandbox is not None:  # cwd becomes the working copy: the script's path must not depend on it
             self.command[1:] = [_absolute(part, self.cwd) for part in self.command[1:]]
@@ -263,7 +265,8 @@ async def _adopt_posted_reward(rollout_id: str, attempt_id: str) -> None:
 # -- the command ---------------------------------------------------------------------------------
 
 
-def _checked_command(command: str | Sequence[str], cwd: str) -> list[str]:
+def _checked_command(command: str | Sequence[str], cwd: str, sandbox: type[Sandbox] | None) -> list[str]:
+    """The command's arguments, `python` as its program being alight's own (`with_alight_python`)."""
     if isinstance(command, str):
         try:
             parts = shlex.split(command)
@@ -273,12 +276,14 @@ def _checked_command(command: str | Sequence[str], cwd: str) -> list[str]:
         parts = list(command)
     if not parts or not all(isinstance(part, str) for part in parts) or not parts[0]:
         raise ConfigError(f"agent.command must name a program (a non-empty list of strings), got {command!r}")
+    parts = with_alight_python(parts, sandbox)
     executable = parts[0]
     if "/" in executable:
         path = Path(cwd, executable).expanduser()
         if not path.is_file() or not os.access(path, os.X_OK):
             raise ConfigError(f"agent.command: {executable} is not an executable file (relative to {cwd})")
-        parts[0] = str(path.resolve())  # Ray actors on this machine run elsewhere
+        # Absolute (Ray actors on this machine run elsewhere), not resolved: a venv's python stays the venv's.
+        parts[0] = str(path.absolute())
     elif shutil.which(executable) is None:
         raise ConfigError(f"agent.command: executable {executable!r} not found on PATH")
     return parts

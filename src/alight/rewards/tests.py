@@ -3,7 +3,8 @@
 After the agent's program exits 0, the task's hidden tests (the folder named by the task field
 `reward.tests.files`) are copied into the working copy under their own folder name (tasks/x/tests
 -> <working copy>/tests, over files of the same name), `reward.tests.command` runs in the same
-sandbox with its own time limit and the cleared environment, and the reward is
+sandbox with its own time limit and the cleared environment (`python` or `python3` as its program
+is the interpreter running alight, as for `agent.command`), and the reward is
 passed / (passed + failed + errors), read from the JUnit XML report `reward.tests.junit_xml` when the
 command wrote one, else from pytest's summary line. No tests, or counts that cannot be read, fail
 the attempt with a one-line reason. The run is recorded as a REWARD span with the counts.
@@ -24,7 +25,7 @@ from alight import semconv
 from alight.agent import AgentFailure
 from alight.config.schema import TestsRewardConfig
 from alight.errors import ConfigError
-from alight.sandbox.base import Sandbox, task_folder
+from alight.sandbox.base import Sandbox, task_folder, with_alight_python
 from alight.sandbox.factory import sandbox_environment
 from alight.tracing.context import current_frame
 from alight.types import SpanKind
@@ -125,7 +126,7 @@ async def reward_from_tests(box: Sandbox, config: TestsRewardConfig, task: Any, 
     folder = task_folder(task, config.files, base, "reward.tests.files")
     if folder is not None:
         shutil.copytree(folder, box.workdir / folder.name, symlinks=True, dirs_exist_ok=True)
-    argv = _argv(config.command)
+    argv = with_alight_python(_argv(config.command), box)
     command = shlex.join(argv)
     report = box.workdir / config.junit_xml if config.junit_xml else None
     if report is not None:

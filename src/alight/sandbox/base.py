@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ from typing import Any, ClassVar, Protocol
 from alight.sandbox.result import RunResult, SandboxError, Sink
 
 __all__ = ["Launch", "RunResult", "Sandbox", "SandboxError", "SandboxSettings", "Sink", "task_folder"]
+
+#: A command's program named exactly so is the interpreter running alight (`with_alight_python`).
+PYTHON_NAMES = ("python", "python3")
 
 
 class SandboxSettings(Protocol):
@@ -44,6 +48,9 @@ class Sandbox(ABC):
     #: Whether a command is cut off from the host (its files, its network but the allowed URLs):
     #: a command agent then runs in this sandbox even without a working copy to fill.
     isolates: ClassVar[bool] = False
+    #: Whether a command can run the interpreter running alight at its host path, so that `python`
+    #: as its program means that one (`with_alight_python`); docker runs the image's own.
+    runs_alight_python: ClassVar[bool] = True
 
     workdir: Path
     private: Path
@@ -110,6 +117,18 @@ class Launch:
     env: dict[str, str]
     preexec: Callable[[], None] | None = None
     name: str = ""  # what `ended` needs to find it again (a container's name)
+
+
+def with_alight_python(argv: Sequence[str], sandbox: type[Sandbox] | Sandbox | None) -> list[str]:
+    """`argv` with its program `python` or `python3` (exactly) replaced by the interpreter running
+    alight, when it runs on the host (`sandbox` None) or in a sandbox that `runs_alight_python`: a
+    command then needs no activated venv and no python on PATH. `sys.executable` is kept as it is,
+    not resolved through its links: a venv's interpreter resolved is the base one, without the venv's
+    packages. Any other program (`python3.11`, a path) is left as the config names it."""
+    runs_it = sandbox is None or sandbox.runs_alight_python
+    if argv and argv[0] in PYTHON_NAMES and sys.executable and runs_it:
+        return [sys.executable, *argv[1:]]
+    return list(argv)
 
 
 def task_folder(task: Any, field: str | None, base: Path, setting: str) -> Path | None:

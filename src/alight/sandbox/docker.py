@@ -33,6 +33,8 @@ CLIENT_VARIABLES = ("DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CE
 class DockerSandbox(LocalSandbox):
     """The local sandbox's relays and spec, run by docker instead of unshare."""
 
+    runs_alight_python = False  # the host's interpreter is not in the image: `python` is the image's
+
     @classmethod
     def check_config(cls, settings: SandboxSettings) -> None:
         if not settings.image:

@@ -7,6 +7,11 @@ to the real address; nothing else is reachable. The filesystem is an allow-list:
 folders, the Python prefixes, the command's own folders and `expose` read-only, the working copy and
 the attempt's private folder read-write, a private /tmp; the rest of the host is absent. Limits:
 wall time (the whole namespace is killed), RLIMIT_CPU and RLIMIT_AS per process.
+
+`python` in a command is the interpreter running alight (alight.sandbox.base.with_alight_python):
+its venv (`sys.prefix`), the base installation it links to (`sys.base_prefix`, and the folder of
+its resolved executable, a program folder) are shown, so it runs inside with the venv's packages.
+Folders only a `.pth` file names (the source of an editable install) are not: add them to `expose`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """PID 1 of a `kind: local` sandbox (run by `unshare` in fresh user, mount, pid and network
-namespaces; standard library only, started by path, not imported by alight).
+namespaces; standard library only, started by path; alight imports its `pipe` and `start_failure`).
 
     python namespace_init.py SPEC.json
 
@@ -19,9 +19,11 @@ import fcntl
 import json
 import os
 import resource
+import shutil
 import socket
 import struct
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -136,6 +138,26 @@ def preexec(spec: dict[str, Any]) -> None:
             f.write(text)
 
 
+def start_failure(program: str, env: Mapping[str, str], cwd: str, err: OSError) -> str:
+    """Why `program` did not start, in one line: for a name not found, the PATH of `env` it was
+    looked up on and which of its folders are absent here (inside a sandbox: the ones it hides)."""
+    if "/" not in program and isinstance(err, FileNotFoundError):
+        path = env.get("PATH", os.defpath)
+        found = shutil.which(program, path=path)
+        if found is None:
+            absent = [folder for folder in path.split(os.pathsep) if folder and not os.path.isdir(folder)]
+            note = f"; absent here: {', '.join(absent)}" if absent else ""
+            return f"cannot start {program!r}: not found on PATH ({path or 'empty'}{note})"
+        program = found
+    if isinstance(err, FileNotFoundError) and os.path.isfile(os.path.join(cwd, program)):
+        with open(os.path.join(cwd, program), "rb") as f:
+            line = f.readline(256)
+        if line.startswith(b"#!") and line[2:].split():
+            interpreter = line[2:].split()[0].decode(errors="replace")
+            return f"cannot start {program!r}: its #! interpreter {interpreter} is not found"
+    return f"cannot start {program!r}: {err.strerror or err}"
+
+
 def relay_spec(args: list[str]) -> dict[str, Any]:
     """The spec of `--relay HOST:PORT:SOCKET,... -- ARGV` (docker: relays only, no namespaces)."""
     relays: list[dict[str, Any]] = []
@@ -155,7 +177,7 @@ async def main(spec: dict[str, Any]) -> int:
             preexec_fn=(lambda: preexec(spec)) if spec.get("nested", True) else None,
         )
     except OSError as err:
-        print(f"alight sandbox: cannot start {spec['argv'][0]}: {err}", file=sys.stderr)
+        print(f"alight sandbox: {start_failure(spec['argv'][0], spec['env'], spec['cwd'], err)}", file=sys.stderr)
         return 127
     await process.wait()
     for server in servers:

@@ -13,10 +13,10 @@ import logging
 import math
 import os
 import resource
-import shlex
 import signal
 from collections.abc import Callable, Mapping, Sequence
 
+from alight.sandbox.namespace_init import start_failure
 from alight.sandbox.result import TAIL_BYTES, RunResult, SandboxError, Sink
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ async def run_process(
             preexec_fn=preexec,
         )
     except OSError as err:
-        raise SandboxError(f"cannot start {shlex.join(argv)}: {err}") from None
+        raise SandboxError(start_failure(argv[0], env, cwd, err)) from None
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     out, err_tail = Tail(TAIL_BYTES), Tail(TAIL_BYTES)
 
