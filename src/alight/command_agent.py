@@ -60,7 +60,14 @@ from alight.config.schema import RewardConfig, SandboxConfig
 from alight.errors import ConfigError
 from alight.rewards.kinds import reward_kind
 from alight.rewards.tests import check_hidden, check_tests_reward, reward_from_tests
-from alight.sandbox.base import RunResult, Sandbox, SandboxError, task_folder, with_alight_python
+from alight.sandbox.base import (
+    RunResult,
+    Sandbox,
+    SandboxError,
+    task_folder,
+    with_alight_python,
+    with_alight_python_path,
+)
 from alight.sandbox.factory import check_sandbox, isolates, open_sandbox, sandbox_class, sandbox_environment
 from alight.sandbox.process import run_process
 from alight.tracing.context import current_attempt, current_frame
@@ -115,6 +122,7 @@ class CommandAgent(LitAgent):
         if self.sandbox is None:
             with tempfile.TemporaryDirectory(prefix="alight-command-") as folder:
                 env = {k: v for k, v in os.environ.items() if k not in RUNNER_SECRETS}  # the runner's own keys stay
+                env = with_alight_python_path(env, None)
                 return await self._attempt(task, env | variables, Path(folder), self._run_here)
         allow = [url for url in (variables.get("OPENAI_BASE_URL"), variables.get("ALIGHT_STORE_URL")) if url]
         try:

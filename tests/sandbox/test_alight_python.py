@@ -25,6 +25,8 @@ from alight.store import MemoryStore
 from alight.types import RolloutStatus
 from tests.runner.test_command_agent import run_one
 
+#: The folder of the interpreter running alight: first on a command's PATH.
+VENV_BIN = os.path.dirname(sys.executable)
 #: Exits 0 with the reward 1 only when it runs on this test's own interpreter, with its venv.
 WHICH_PYTHON = (
     "import sys\n"
@@ -58,6 +60,24 @@ async def test_a_command_agent_runs_python_without_python_on_path(
     sandbox = SandboxConfig(kind=kind) if kind is not None else None
     agent = CommandAgent(" ".join(argv) if as_text else argv, name="which", sandbox=sandbox)
     assert agent.command[0] == sys.executable  # as it is: not resolved to the base interpreter
+    store = MemoryStore()
+    done = await run_one(agent, store, max_attempts=1)
+    [attempt] = await store.list_attempts(done.rollout_id)
+    assert done.status is RolloutStatus.SUCCEEDED and done.reward == 1.0, attempt.error
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", [None, "none", "local"])
+async def test_a_python_the_command_itself_calls_is_the_interpreter_running_alight(
+    kind: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as an agent's own `python -c ...` (mini-swe-agent's bash tool): its folder is first on PATH
+    script = tmp_path / "which_python.py"
+    script.write_text(WHICH_PYTHON)
+    _no_python_on_path(kind, monkeypatch)
+    shell = f'exec python "{script}" "{sys.executable}" "{sys.prefix}"'
+    sandbox = SandboxConfig(kind=kind, expose=[str(tmp_path)]) if kind is not None else None
+    agent = CommandAgent(["/bin/sh", "-c", shell], name="nested", sandbox=sandbox)
     store = MemoryStore()
     done = await run_one(agent, store, max_attempts=1)
     [attempt] = await store.list_attempts(done.rollout_id)
@@ -110,6 +130,7 @@ def test_a_program_that_cannot_start_is_named_in_one_line_with_the_path(
         check_local()
     path = f"/nonexistent:{tmp_path}:/usr/bin:/bin"
     monkeypatch.setenv("PATH", path)
+    path = f"{VENV_BIN}:{path}"  # the interpreter's folder first, as an activated venv has it
     absent = "/nonexistent" if kind == "none" else f"/nonexistent, {tmp_path}"
     expected = f"cannot start 'no-such-program': not found on PATH ({path}; absent here: {absent})"
 
@@ -153,5 +174,6 @@ async def test_a_command_agent_whose_program_the_local_sandbox_hides_fails_in_on
     done = await run_one(agent, store, max_attempts=1)
     [attempt] = await store.list_attempts(done.rollout_id)
     assert done.status is RolloutStatus.FAILED and attempt.error is not None
-    line = f"alight sandbox: cannot start 'my-agent': not found on PATH ({folder}:/usr/bin:/bin; absent here: {folder})"
+    seen = f"{VENV_BIN}:{folder}:/usr/bin:/bin"
+    line = f"alight sandbox: cannot start 'my-agent': not found on PATH ({seen}; absent here: {folder})"
     assert attempt.error.endswith(f"exited with code 127; the end of its stderr:\n{line}")

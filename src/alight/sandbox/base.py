@@ -9,6 +9,7 @@ given and nothing else, and kills all the command started when it ends, times ou
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import sys
 from abc import ABC, abstractmethod
@@ -129,6 +130,18 @@ def with_alight_python(argv: Sequence[str], sandbox: type[Sandbox] | Sandbox | N
     if argv and argv[0] in PYTHON_NAMES and sys.executable and runs_it:
         return [sys.executable, *argv[1:]]
     return list(argv)
+
+
+def with_alight_python_path(env: dict[str, str], sandbox: type[Sandbox] | Sandbox | None) -> dict[str, str]:
+    """`env` with the folder of the interpreter running alight first on its PATH, as activating its
+    venv does, where that interpreter runs (as in `with_alight_python`): a `python` the command
+    itself calls (an agent's `python -c ...`) is then that interpreter too."""
+    runs_it = sandbox is None or sandbox.runs_alight_python
+    folder = os.path.dirname(sys.executable) if sys.executable else ""
+    path = env.get("PATH", os.defpath)
+    if not runs_it or not folder or path.split(os.pathsep)[0] == folder:
+        return env
+    return {**env, "PATH": f"{folder}{os.pathsep}{path}"}
 
 
 def task_folder(task: Any, field: str | None, base: Path, setting: str) -> Path | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from alight.errors import ConfigError
 from alight.parts import Registry
-from alight.sandbox.base import Sandbox, SandboxSettings, copy_working_copy
+from alight.sandbox.base import Sandbox, SandboxSettings, copy_working_copy, with_alight_python_path
 
 #: The sandbox kinds (`agent.sandbox.kind`), the default first.
 SANDBOXES: Registry[Sandbox] = Registry(
@@ -63,13 +63,14 @@ def isolates(kind: str) -> bool:
 
 
 def sandbox_environment(box: Sandbox, extra: Mapping[str, str] = {}) -> dict[str, str]:
-    """The cleared environment of a sandboxed command: PATH, LANG (and LC_ALL, TZ) of the runner,
-    HOME = the working copy, and `extra` (the attempt's own variables). Nothing else of the host."""
+    """The cleared environment of a sandboxed command: PATH (the folder of the interpreter running
+    alight first, where the sandbox runs it), LANG (and LC_ALL, TZ) of the runner, HOME = the
+    working copy, and `extra` (the attempt's own variables). Nothing else of the host."""
     env = {name: os.environ[name] for name in KEPT_VARIABLES if name in os.environ}
     env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     env["HOME"] = str(box.workdir)
     env.update(extra)
-    return env
+    return with_alight_python_path(env, box)
 
 
 def check_sandbox(config: SandboxSettings) -> None:
