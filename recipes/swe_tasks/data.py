@@ -39,7 +39,7 @@ from alight.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-CHECKOUT = HERE.parents[1]  # the alight checkout: the shipped rows' paths are relative to it
+CHECKOUT = HERE.parents[1]  # holds recipes/ (a checkout, the wheel, an init copy): the rows are relative to it
 TASKS_FILE = HERE / "tasks.jsonl"
 SPLITS = ("train", "val")
 NODE_ID_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS")
