@@ -35,6 +35,8 @@ GROUPS = {
     "pip": ("tests/test_gpu_extras.py",),
     # SmolLM2's conversion (~45 s) is a session fixture of this file: on one worker it runs once.
     "smollm2": ("tests/models/test_sources.py",),
+    # The wheel is built and installed into a new venv once (module fixtures of this file): on one worker.
+    "wheel": ("tests/test_wheel.py",),
 }
 #: Fixtures that start Ray: a test using one outside a group is refused (put it in one).
 RAY_FIXTURES = ("ray_cluster", "verl_ray")
