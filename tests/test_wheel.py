@@ -35,7 +35,7 @@ import alight
 from tests.test_install import CONSTRAINTS
 
 REPO = Path(__file__).resolve().parents[1]
-#: The folders the wheel ships beside the package, at alight/shipped/<name> (alight.shipped finds them).
+#: The folders the wheel ships beside the package, at alight/_shipped/<name> (alight.shipped finds them).
 SHIPPED = ("configs", "recipes", "examples")
 #: One GRPO step of the calc experiment that still runs every stage: a short warm start on the
 #: recipe's demonstrations, a group of 2 rollouts, validation on 2 tasks, a checkpoint.
@@ -147,10 +147,10 @@ def test_the_wheel_carries_the_package_and_the_shipped_experiments(dist: Dist) -
     assert {"alight/py.typed", "alight/cli/app.py", f"{info}/licenses/LICENSE", f"{info}/entry_points.txt"} <= names
     with zipfile.ZipFile(dist.wheel) as wheel:
         assert "alight = alight.cli.app:main" in wheel.read(f"{info}/entry_points.txt").decode()
-    shipped = {n.removeprefix("alight/shipped/") for n in names if n.startswith("alight/shipped/")}
+    shipped = {n.removeprefix("alight/_shipped/") for n in names if n.startswith("alight/_shipped/")}
     assert {"configs/calc.yaml", "recipes/calc/agent.py", "recipes/calc/data.py"} <= shipped
     package = {
-        n.removeprefix("alight/") for n in names if n.startswith("alight/") and not n.startswith("alight/shipped/")
+        n.removeprefix("alight/") for n in names if n.startswith("alight/") and not n.startswith("alight/_shipped/")
     }
     sources = tracked("src/alight")
     if sources is not None:  # exactly what a clean clone holds: nothing generated, nothing missing
@@ -230,7 +230,7 @@ def test_the_installed_wheel_is_what_runs(installed: Installed, dist: Dist, tmp_
     assert not Path(found["file"]).is_relative_to(REPO)
     assert str(REPO / "src") not in found["path"] and str(REPO) not in found["path"]
     assert found["version"] == found["metadata"] == alight.__version__
-    assert (installed.site_packages / "alight" / "shipped" / "configs" / "calc.yaml").is_file()
+    assert (installed.site_packages / "alight" / "_shipped" / "configs" / "calc.yaml").is_file()
     # every requirement the wheel names is met by what the venv imports
     have = found["requirements"]
     wrong = [
@@ -245,7 +245,7 @@ def test_the_installed_wheel_lists_and_runs_a_shipped_experiment_by_name(install
     listed = installed.run("recipes", "--json", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr[-3000:]
     report = json.loads(listed.stdout)
-    assert Path(report["root"]) == installed.site_packages / "alight" / "shipped"
+    assert Path(report["root"]) == installed.site_packages / "alight" / "_shipped"
     assert {"calc", "quickstart"} <= {row["name"] for row in report["experiments"]}
     dev = installed.run("dev", "calc", "--n", "2", "--json", cwd=tmp_path)
     assert dev.returncode == 0, dev.stderr[-3000:]

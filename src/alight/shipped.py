@@ -1,7 +1,7 @@
 """The experiments alight ships: its configs by name, the recipes (agents, data) they run, and a copy
 of one to start from.
 
-An installed wheel carries them at `alight/shipped/{configs,recipes,examples}`; a checkout has them at
+An installed wheel carries them at `alight/_shipped/{configs,recipes,examples}`; a checkout has them at
 its root. `alight train calc` reads `configs/calc.yaml` from there, `alight recipes` lists them and
 `alight init calc` copies one with the recipe folders it names into the user's folder."""
 
@@ -21,10 +21,10 @@ _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".myp
 
 
 def shipped_root() -> Path | None:
-    """The folder holding `configs/`, `recipes/` and `examples/`: the wheel's `alight/shipped`, or
+    """The folder holding `configs/`, `recipes/` and `examples/`: the wheel's `alight/_shipped`, or
     the checkout's root; None where neither is there."""
     package = Path(__file__).resolve().parent
-    for root in (package / "shipped", package.parents[1]):
+    for root in (package / "_shipped", package.parents[1]):
         if (root / "configs").is_dir() and (root / "recipes").is_dir():
             return root
     return None
