@@ -24,7 +24,8 @@ from tests.trainer.test_fit_calc import CALC
 #: A short calc run that still learns the tool-call format: a warm start on demonstrations that
 #: always call the tool, one GRPO step, checkpoints at steps 0 (the warm start) and 1.
 SHORT_CALC = [
-    "warm_start.steps=120",
+    "warm_start.steps=60",
+    "warm_start.warmup_steps=10",
     "warm_start.size=400",
     "warm_start.batch_size=8",
     "warm_start.generator_kwargs.tool_rate=1.0",
