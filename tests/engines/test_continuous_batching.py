@@ -183,6 +183,7 @@ async def test_a_weight_update_waits_for_the_running_rows_and_none_joins_meanwhi
 async def test_requests_of_another_adapter_wait_for_the_running_batch(tiny_dir: Path) -> None:
     """One adapter per forward: a request for another adapter starts a batch of its own once the
     running one ends; both give what they give alone."""
+    torch.manual_seed(0)  # peft draws lora_A from the global generator: the test's own, not its neighbours'
     eng = eager_engine(
         tiny_dir, adapters=["alpha", "beta"], lora={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
     )
