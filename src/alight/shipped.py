@@ -100,12 +100,10 @@ def init_recipe(name: str, folder: Path, *, force: bool = False) -> Copied:
     example folders it names, its paths rewritten from `../recipes/...` to `recipes/...` (a
     config's relative paths are read against its own folder). An existing file is not
     overwritten unless `force`."""
-    configs = shipped_configs()
+    source = find_config(name)  # an unknown name: the error that names the closest
     root = shipped_root()
-    if name not in configs or root is None:
-        find_config(name)  # raises the error that names the choices
+    if root is None or shipped_configs().get(name) != source:
         raise ConfigError(f"{name!r} is a file, not a shipped experiment's name (`alight recipes` lists them)")
-    source = configs[name]
     target = folder / source.name
     folders = referenced_folders(source, root)
     clashes = [p for p in [target, *(folder / f for f in folders)] if p.exists()]
@@ -116,6 +114,6 @@ def init_recipe(name: str, folder: Path, *, force: bool = False) -> Copied:
     for kind in FOLDERS:
         text = text.replace(f"../{kind}/", f"{kind}/")
     target.write_text(text)
-    for name_ in folders:
-        shutil.copytree(root / name_, folder / name_, ignore=_IGNORED, dirs_exist_ok=True)
+    for shipped in folders:
+        shutil.copytree(root / shipped, folder / shipped, ignore=_IGNORED, dirs_exist_ok=True)
     return Copied(target, [folder / f for f in folders])

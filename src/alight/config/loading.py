@@ -43,7 +43,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
     if file.suffix not in (".yaml", ".yml"):
         raise ConfigError(f"config file {file} is not a .yaml file")
     register()
-    _check_keys(file, overrides)  # before Hydra: its hint for an unknown key (`+key=...`) leads to a second error
+    # before Hydra: its hint for an unknown key (`+key=...`) leads to a second error
+    overridden = _check_keys(file, overrides)
     with _lock:
         # The experiment file extends the schema: keys it sets are checked against it.
         ConfigStore.instance().store(name=_MAIN_NAME, node={"defaults": [SCHEMA_NAME, file.stem, "_self_"]})
@@ -62,15 +63,16 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
     if (cfg.agent.entrypoint is None) == (cfg.agent.command is None):
         raise ConfigError(f"config {file}: {AGENT_CHOICE}")
     try:
-        resolve_paths(cfg, file.resolve().parent, _override_keys(overrides))
+        resolve_paths(cfg, file.resolve().parent, overridden)
     except ConfigError as err:
         raise ConfigError(f"config {file}: {err}") from None
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
 
-def _check_keys(file: Path, overrides: Sequence[str]) -> None:
-    """Raise a ConfigError naming the first unknown key the file or an override sets, and the nearest known ones.
+def _check_keys(file: Path, overrides: Sequence[str]) -> set[str]:
+    """Raise a ConfigError naming the first unknown key the file or an override sets, and the nearest
+    known ones; return the dotted keys the overrides set.
 
     What does not parse is left to Hydra, which reports it."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -89,18 +91,12 @@ def _check_keys(file: Path, overrides: Sequence[str]) -> None:
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException:
-        return
+        return set()  # Hydra reports it
     for override in parsed:
         found = _unknown_path(override.key_or_group.split("."), ExperimentConfig)
         if found is not None:
             raise ConfigError(f"config {file}: override {override.input_line!r}: {_unknown_key(*found)}")
-
-
-def _override_keys(overrides: Sequence[str]) -> set[str]:
-    """The dotted keys the command-line overrides set (Hydra has parsed them by now)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return {o.key_or_group for o in OverridesParser.create().parse_overrides(list(overrides))}
+    return {override.key_or_group for override in parsed}
 
 
 _HYDRA_KEYS = ("defaults", "hydra")  # top-level keys an experiment file may hold for Hydra itself

@@ -52,10 +52,14 @@ def _absolute(value: str, base: Path) -> Path:
     return (base / Path(value).expanduser()).resolve()
 
 
+def _is_absolute(text: str) -> bool:
+    return os.path.isabs(os.path.expanduser(text))
+
+
 def _entrypoint(value: Any, base: Path, key: str) -> Any:
     """`path/to/file.py:function` with the file absolute; `package.module:function` as it is."""
     module, sep, attr = str(value).rpartition(":")
-    if not sep or not (module.endswith(".py") or "/" in module) or os.path.isabs(os.path.expanduser(module)):
+    if not sep or not (module.endswith(".py") or "/" in module) or _is_absolute(module):
         return value
     path = _absolute(module, base)
     if not path.is_file():
@@ -66,11 +70,11 @@ def _entrypoint(value: Any, base: Path, key: str) -> Any:
 def _data(value: Any, base: Path, key: str) -> Any:
     """A data file or saved dataset (absolute where it exists under `base`), or a generator entrypoint."""
     text = str(value)
-    if os.path.isabs(os.path.expanduser(text)):
+    if _is_absolute(text):
         return value
     if (base / text).exists():
         return str(_absolute(text, base))
-    if ":" in text and Path(text).suffix.lower() not in (".jsonl", ".json", ".parquet", ".csv"):
+    if ":" in text:  # not a file here: a generator
         return _entrypoint(value, base, key)
     raise _missing(key, text, base)
 
@@ -79,13 +83,13 @@ def _existing(value: Any, base: Path, key: str) -> Any:
     """Absolute where `value` names something under `base` (a model directory); else as it is (a
     name such as `tiny`, a hub id)."""
     text = str(value)
-    if os.path.isabs(os.path.expanduser(text)) or not (base / text).exists():
+    if _is_absolute(text) or not (base / text).exists():
         return value
     return str(_absolute(text, base))
 
 
 def _template(value: Any, base: Path, key: str) -> Any:
-    if str(value) in _TEMPLATE_NAMES or os.path.isabs(os.path.expanduser(str(value))):
+    if str(value) in _TEMPLATE_NAMES or _is_absolute(str(value)):
         return value
     path = _absolute(str(value), base)
     if not path.is_file():
@@ -101,7 +105,7 @@ def _command(value: Any, base: Path, key: str) -> Any:
         return value
     out = []
     for i, part in enumerate(argv):
-        if part.startswith("-") or os.path.isabs(os.path.expanduser(part)):
+        if part.startswith("-") or _is_absolute(part):
             out.append(part)
         elif (base / part).exists():
             out.append(str(_absolute(part, base)))
@@ -109,14 +113,14 @@ def _command(value: Any, base: Path, key: str) -> Any:
             raise _missing(key, part, base)
         else:
             out.append(part)
-    return out if out != argv or not isinstance(value, str) else value
+    return out if out != argv else value
 
 
 def _folders(value: Any, base: Path, key: str) -> Any:
     out = []
     for part in _plain(value):
         text = str(part)
-        if os.path.isabs(os.path.expanduser(text)):
+        if _is_absolute(text):
             out.append(text)
         elif (base / text).exists():
             out.append(str(_absolute(text, base)))

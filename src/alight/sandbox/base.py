@@ -120,14 +120,19 @@ class Launch:
     name: str = ""  # what `ended` needs to find it again (a container's name)
 
 
+def _runs_alight_python(sandbox: type[Sandbox] | Sandbox | None) -> bool:
+    """Whether a command runs where the interpreter running alight is: on the host, or in a
+    sandbox that shows it."""
+    return bool(sys.executable) and (sandbox is None or sandbox.runs_alight_python)
+
+
 def with_alight_python(argv: Sequence[str], sandbox: type[Sandbox] | Sandbox | None) -> list[str]:
     """`argv` with its program `python` or `python3` (exactly) replaced by the interpreter running
     alight, when it runs on the host (`sandbox` None) or in a sandbox that `runs_alight_python`: a
     command then needs no activated venv and no python on PATH. `sys.executable` is kept as it is,
     not resolved through its links: a venv's interpreter resolved is the base one, without the venv's
     packages. Any other program (`python3.11`, a path) is left as the config names it."""
-    runs_it = sandbox is None or sandbox.runs_alight_python
-    if argv and argv[0] in PYTHON_NAMES and sys.executable and runs_it:
+    if argv and argv[0] in PYTHON_NAMES and _runs_alight_python(sandbox):
         return [sys.executable, *argv[1:]]
     return list(argv)
 
@@ -136,10 +141,9 @@ def with_alight_python_path(env: dict[str, str], sandbox: type[Sandbox] | Sandbo
     """`env` with the folder of the interpreter running alight first on its PATH, as activating its
     venv does, where that interpreter runs (as in `with_alight_python`): a `python` the command
     itself calls (an agent's `python -c ...`) is then that interpreter too."""
-    runs_it = sandbox is None or sandbox.runs_alight_python
-    folder = os.path.dirname(sys.executable) if sys.executable else ""
+    folder = os.path.dirname(sys.executable)
     path = env.get("PATH", os.defpath)
-    if not runs_it or not folder or path.split(os.pathsep)[0] == folder:
+    if not _runs_alight_python(sandbox) or path.split(os.pathsep)[0] == folder:
         return env
     return {**env, "PATH": f"{folder}{os.pathsep}{path}"}
 
