@@ -36,6 +36,43 @@ def test_config_values_give_the_policy(threads: object, interop: object, device:
     assert ThreadPolicy.from_config(threads, interop, device) == expected
 
 
+@pytest.mark.parametrize(
+    ("threads", "device", "mode", "update"),
+    [
+        ("auto", "cpu", "sync", usable_cpus()),  # nothing else runs during a sync update: every core
+        ("auto", "cpu", "async", None),  # the rollouts go on beside it: the rollouts' count
+        ("auto", "cuda", "sync", None),
+        ("2", "cpu", "sync", None),  # a number is the user's, for the whole run
+        ("torch", "cpu", "sync", None),
+    ],
+)
+def test_a_sync_update_on_cpu_takes_every_core(threads: str, device: str, mode: str, update: int | None) -> None:
+    assert ThreadPolicy.from_config(threads, "auto", device, mode=mode).update_intra_op == update
+
+
+def test_updating_sets_the_threads_of_the_calling_thread_and_restores_them() -> None:
+    import threading
+
+    import torch
+
+    policy = ThreadPolicy(1, 1, passive_wait=True, update_intra_op=2)
+    seen: list[int] = []
+
+    def update() -> None:
+        torch.set_num_threads(1)
+        with policy.updating():
+            seen.append(torch.get_num_threads())
+        seen.append(torch.get_num_threads())
+
+    worker_thread = threading.Thread(target=update)
+    worker_thread.start()
+    worker_thread.join()
+    assert seen == [2, 1]
+    before = torch.get_num_threads()
+    with ThreadPolicy(1, 1, passive_wait=True).updating():  # no update count: nothing changes
+        assert torch.get_num_threads() == before
+
+
 @pytest.mark.parametrize(("threads", "interop", "named"), [("0", "auto", "torch_threads"), ("auto", "many", "interop")])
 def test_other_values_are_a_config_error_naming_the_field(threads: str, interop: str, named: str) -> None:
     with pytest.raises(ConfigError, match=named):

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from alight.backends import losses
 from alight.backends.objective import LOSSES
+from alight.backends.precision import check_precision
 from alight.config.schema import AlgorithmConfig
 from alight.errors import ConfigError
 
@@ -19,6 +20,7 @@ def check_algorithm(cfg: AlgorithmConfig) -> None:
         raise ConfigError(
             f"algorithm.loss_agg must be one of {', '.join(losses.LOSS_AGGREGATIONS)}, got {cfg.loss_agg!r}"
         )
+    check_precision(cfg.precision)
     if cfg.lora.agents and not cfg.lora.per_agent:
         raise ConfigError("algorithm.lora.agents is set but algorithm.lora.per_agent is false; set per_agent=true")
     if cfg.kl_estimator not in losses.KL_ESTIMATORS:

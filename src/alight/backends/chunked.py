@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from alight.backends import losses
+from alight.backends import losses, shared_prompt
+from alight.backends.shared_prompt import shareable
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +61,11 @@ def head_log_probs(
     grad = torch.is_grad_enabled() and hidden.requires_grad
 
     def chunk(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = head(h)[None]  # [1, n, V]: the loss functions' [B, R, V] layout
+        if torch.is_autocast_enabled(h.device.type):  # bf16 decoder: the output layer stays float32
+            with torch.autocast(device_type=h.device.type, enabled=False):
+                logits = head(h.float())[None]
+        else:
+            logits = head(h)[None]  # [1, n, V]: the loss functions' [B, R, V] layout
         if with_entropy:
             lp, ent = losses.log_probs_and_entropy(logits, t[None], temperature)
             return lp[0], ent[0]
@@ -86,22 +91,32 @@ def head_log_probs(
 
 
 def response_log_probs(
-    model: Any, batch: TransitionBatch, *, temperature: float, chunk_tokens: int, entropy: bool = False
+    model: Any,
+    batch: TransitionBatch,
+    *,
+    temperature: float,
+    chunk_tokens: int,
+    entropy: bool = False,
+    share_prompts: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """([B, R] log-probs of `batch`'s response tokens, [B, R] their entropy when asked, else None)
     under `model`, 0 where the response mask is 0: on chunks of `chunk_tokens` tokens (see the module
-    docstring) when `chunk_tokens` > 0 and the model allows it, else from the plain logits."""
+    docstring) when `chunk_tokens` > 0 and the model allows it, else from the plain logits. On the
+    chunked path, with `share_prompts`, a prompt several rows share runs once (`shared_prompt`)."""
     mask = batch.response_mask
     if chunk_tokens > 0 and chunked_head_supported(model):
-        hidden = model.get_decoder()(
-            input_ids=batch.input_ids,
-            attention_mask=batch.attention_mask,
-            position_ids=batch.position_ids,
-            use_cache=False,
-        ).last_hidden_state
-        r = batch.response_length
+        decoder = model.get_decoder()
+        hidden = shared_prompt.response_hidden(decoder, batch) if share_prompts and shareable(model) else None
+        if hidden is None:
+            r = batch.response_length
+            hidden = decoder(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+                use_cache=False,
+            ).last_hidden_state[:, -(r + 1) : -1]
         return head_log_probs(
-            hidden[:, -(r + 1) : -1],
+            hidden,
             model.get_output_embeddings(),
             batch.responses,
             mask,

@@ -31,6 +31,7 @@ from alight.backends.policy_step import (
     micro_batch_loss,
     skipped_update_metrics,
 )
+from alight.backends.precision import autocast, resolve_precision
 from alight.config.schema import AlgorithmConfig, ExperimentConfig
 from alight.engines.factory import engine_class
 from alight.errors import ConfigError
@@ -94,6 +95,7 @@ class EmbeddedBackend(FactoryDefaults):
         self.objective = objective(algorithm)
         self._gap = [0.0, 0.0, 0.0]  # the update's engine-trainer log-prob gap: sum, max, tokens
         self.device = torch.device(device)
+        self.precision = resolve_precision(algorithm.precision, str(self.device))
         self.temperature = temperature if temperature > 0 else 1.0
         self.model_path = Path(model_path)
         self.generator = torch.Generator().manual_seed(seed)
@@ -160,14 +162,17 @@ class EmbeddedBackend(FactoryDefaults):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """([B, R] log-probs of the response tokens, [B, R] their entropy when asked, else None) under
         `model` (default: the policy); 0 where the response mask is 0. The output layer runs on
-        chunks of `algorithm.log_prob_chunk` tokens (see `alight.backends.chunked`)."""
-        return response_log_probs(
-            model or self.model,
-            batch.to(self.device),
-            temperature=self.temperature,
-            chunk_tokens=self.cfg.log_prob_chunk,
-            entropy=entropy,
-        )
+        chunks of `algorithm.log_prob_chunk` tokens (see `alight.backends.chunked`), the decoder in
+        `algorithm.precision` (`alight.backends.precision`), a prompt rows share once."""
+        with autocast(self.device, self.precision):
+            return response_log_probs(
+                model or self.model,
+                batch.to(self.device),
+                temperature=self.temperature,
+                chunk_tokens=self.cfg.log_prob_chunk,
+                entropy=entropy,
+                share_prompts=self.cfg.share_prompts,
+            )
 
     def _reference_log_probs(self, batch: TransitionBatch) -> torch.Tensor:
         import torch

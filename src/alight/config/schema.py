@@ -246,6 +246,10 @@ class AlgorithmConfig:
     log_prob_chunk: int = 512  # response tokens whose full-vocabulary logits exist at once (memory); 0: no chunks
     gradient_checkpointing: bool = False  # recompute each layer's activations in backward: less memory, ~30% slower
     memory_fraction: float = 0.8  # micro_batch_size auto: share of the free memory an update may use
+    # The embedded backend's arithmetic: fp32 | bf16 (autocast matrix products; float32 weights,
+    # optimizer, norms and output layer) | auto (bf16 where the CPU or GPU has it natively, else fp32)
+    precision: str = "fp32"
+    share_prompts: bool = True  # a prompt several rows share (a GRPO group's) runs once per forward
     epochs: int = 1  # passes over each batch; ppo defaults to several (see `ppo_epochs`)
     ppo_epochs: int = 4  # ppo: passes over each batch
     temperature: float | None = None  # log-prob temperature; None: the engine's sampling temperature

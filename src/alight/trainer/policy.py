@@ -122,9 +122,10 @@ class Policy:
             if step % 100 == 0:
                 logger.info("warm start: step %d/%d, loss %.4f", step, ws.steps, loss)
 
-        loss = self.backend.warm_start(
-            batches, steps=ws.steps, lr=ws.lr, warmup_steps=ws.warmup_steps, on_progress=progress
-        )
+        with self.session.threads.updating():  # the warm start runs alone, as an update does
+            loss = self.backend.warm_start(
+                batches, steps=ws.steps, lr=ws.lr, warmup_steps=ws.warmup_steps, on_progress=progress
+            )
         self.warm_start_metrics = {"warm_start/loss": loss, "timing/warm_start_s": time.monotonic() - started}
         logger.info("warm start done: loss %.4f in %.1f s", loss, self.warm_start_metrics["timing/warm_start_s"])
 

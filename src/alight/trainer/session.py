@@ -58,7 +58,7 @@ class RunSession:
         self.run_dir = run_dir
         self.resume = resume
         self.events = Watchers(watchers)
-        self.threads = ThreadPolicy.from_config(t.torch_threads, t.torch_interop_threads, t.device)
+        self.threads = ThreadPolicy.from_config(t.torch_threads, t.torch_interop_threads, t.device, mode=t.mode)
         self.progress = Progress()
         self.started = time.monotonic()
         self.interrupt = GracefulStop()  # SIGINT / SIGTERM: checkpoint, then stop

@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from alight.errors import ConfigError
@@ -48,24 +50,47 @@ def auto_threads(device: str, cpus: int) -> int:
 
 @dataclass(frozen=True)
 class ThreadPolicy:
-    """The torch thread counts of the trainer process (None: PyTorch's default) and whether idle
-    OpenMP threads sleep rather than spin."""
+    """The torch thread counts of the trainer process (None: PyTorch's default), the count an update
+    or warm start runs with (None: the same), and whether idle OpenMP threads sleep rather than spin."""
 
     intra_op: int | None
     interop: int | None
     passive_wait: bool
+    update_intra_op: int | None = None
 
     @classmethod
-    def from_config(cls, torch_threads: object, interop_threads: object, device: str = "cpu") -> ThreadPolicy:
+    def from_config(
+        cls, torch_threads: object, interop_threads: object, device: str = "cpu", *, mode: str = "async"
+    ) -> ThreadPolicy:
         """The policy of `trainer.torch_threads` / `trainer.torch_interop_threads`; ConfigError
-        names a value that is neither "auto", "torch" nor a positive number."""
+        names a value that is neither "auto", "torch" nor a positive number. With "auto" on CPU in
+        `mode` sync, the update and the warm start take every usable core: nothing else runs then
+        (the runners wait for the next step and the engine for new weights)."""
         intra = _threads("trainer.torch_threads", torch_threads)
         interop = _threads("trainer.torch_interop_threads", interop_threads)
+        alone = intra == AUTO and mode == "sync" and not device.startswith("cuda")
         return cls(
             intra_op=auto_threads(device, usable_cpus()) if intra == AUTO else None if intra == TORCH else int(intra),
             interop=1 if interop == AUTO else None if interop == TORCH else int(interop),
             passive_wait=intra != TORCH,  # the intra-op threads are OpenMP's; inter-op ones never spin
+            update_intra_op=usable_cpus() if alone else None,
         )
+
+    @contextmanager
+    def updating(self) -> Iterator[None]:
+        """The update's thread count in the calling thread while it runs (torch's count is per OS
+        thread once set: enter it in the thread that runs the update)."""
+        if self.update_intra_op is None:
+            yield
+            return
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.update_intra_op)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     def apply(self) -> None:
         """Set the wait policy (effective only before torch's first import: OpenMP reads it once),

@@ -35,6 +35,11 @@ def check_verl_backend(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"trainer.backend verl trains with algorithm.loss policy, not {cfg.algorithm.loss!r}")
     if cfg.warm_start.steps > 0:
         raise ConfigError(NO_WARM_START)
+    if cfg.algorithm.precision == "bf16":  # fp32 (the default) and auto leave verl's own settings
+        raise ConfigError(
+            "algorithm.precision=bf16 is the embedded backend's; verl sets its own in the verl: block "
+            "(actor_rollout_ref.actor.fsdp_config.mixed_precision)"
+        )
     from alight.backends.verl.config import CPU, verl_device
 
     if verl_device(cfg) == CPU:  # verl's workers on this machine's CPUs (cpu_platform)

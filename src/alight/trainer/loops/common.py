@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from alight.adapters import AdapterStats
     from alight.algorithms.batch import TransitionBatch
     from alight.algorithms.lightning import LightningRL
+    from alight.backends.base import Backend
     from alight.trainer.loops import LoopInput
     from alight.types import Rollout
 
@@ -67,9 +68,14 @@ async def update_and_serve(
         if backend.colocated:  # the engine sleeps: the update takes its accelerator memory
             update = await rollouts.offloaded(lambda: backend.update(batch))
         else:
-            update = await asyncio.to_thread(backend.update, batch)
+            update = await asyncio.to_thread(_update, session, backend, batch)
         await rollouts.serve(backend.engine_weights(), step)
     return update, time.monotonic() - clock
+
+
+def _update(session: RunSession, backend: Backend, batch: TransitionBatch) -> dict[str, float]:
+    with session.threads.updating():  # in the thread that updates: torch's thread count is per thread
+        return backend.update(batch)
 
 
 async def train_metrics(
