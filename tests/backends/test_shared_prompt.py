@@ -35,6 +35,82 @@ def grouped(seed: int = 0) -> TransitionBatch:
     return TransitionBatch.from_transitions(rows, PAD)
 
 
+def headed(seed: int = 0, header: int = 20) -> TransitionBatch:
+    """Five distinct prompts that start with the same `header` tokens (a system prompt), one of
+    them sampled three times, with questions of 1..6 tokens after the header."""
+    g = torch.Generator().manual_seed(seed)
+    head = torch.randint(1, 250, (header,), generator=g).tolist()
+    prompts = [head + torch.randint(1, 250, (n,), generator=g).tolist() for n in (1, 6, 3, 4, 2)]
+    rows = []
+    for i, prompt in enumerate([0, 1, 2, 2, 2, 3, 4]):
+        response = torch.randint(1, 250, (2 + (3 * i) % 7,), generator=g).tolist()
+        advantage = float(torch.randn((), generator=g))
+        rows.append(Transition.unchecked(prompts[prompt], response, 1.0, f"ro-{i}", group_id="g", advantage=advantage))
+    return TransitionBatch.from_transitions(rows, PAD)
+
+
+def decoder_rows(b: EmbeddedBackend, batch: TransitionBatch) -> tuple[list[tuple[int, int]], torch.Tensor]:
+    """The (rows, tokens) of each decoder call of one log-prob forward, and its log-probs."""
+    calls: list[tuple[int, int]] = []
+    hook = b.model.get_decoder().register_forward_pre_hook(
+        lambda _m, _a, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    lp, _ = b.log_probs(batch)
+    hook.remove()
+    return calls, lp
+
+
+def test_common_prefix_is_the_shared_head_of_left_padded_rows() -> None:
+    batch = headed()
+    assert shared_prompt.common_prefix(batch.prompts, batch.prompt_lengths) == 20
+    one = batch.select([0])  # 21 tokens alone: nothing to share
+    assert shared_prompt.common_prefix(one.prompts, one.prompt_lengths) == 0
+    nested = prefixes_of_each_other()  # a prompt that is another's start keeps one token its own
+    assert shared_prompt.common_prefix(nested.prompts, nested.prompt_lengths) == 19
+
+
+def prefixes_of_each_other() -> TransitionBatch:
+    g = torch.Generator().manual_seed(5)
+    long = torch.randint(1, 250, (26,), generator=g).tolist()
+    rows = [
+        Transition.unchecked(long[:n], torch.randint(1, 250, (3 + i,), generator=g).tolist(), 1.0, f"r{i}", advantage=1.0)
+        for i, n in enumerate((20, 26, 23, 20))
+    ]
+    return TransitionBatch.from_transitions(rows, PAD)
+
+
+def test_prompts_that_start_one_another_give_the_plain_forwards_log_probs(tiny_dir: Path) -> None:
+    batch = prefixes_of_each_other()
+    b = EmbeddedBackend(tiny_dir, AlgorithmConfig(), seed=0)
+    calls, lp = decoder_rows(b, batch)
+    assert calls == [(1, 19), (3, 7), (4, batch.response_length)]
+    want_lp, _ = plain(b.model, batch, 1.0)
+    assert torch.allclose(lp, want_lp, atol=2e-5, rtol=0), (lp - want_lp).abs().max()
+
+
+@pytest.mark.parametrize("header", [20, 40])
+def test_a_shared_header_runs_once_then_each_prompt_then_the_responses(tiny_dir: Path, header: int) -> None:
+    batch = headed(seed=header, header=header)
+    b = EmbeddedBackend(tiny_dir, AlgorithmConfig(log_prob_chunk=4), temperature=1.0, seed=0)
+    params = [p for p in b.model.parameters() if p.requires_grad]
+    calls, lp = decoder_rows(b, batch)
+    assert calls == [(1, header), (5, 6), (7, batch.response_length)]
+    weights = torch.randn(batch.responses.shape, generator=torch.Generator().manual_seed(1))
+    grads = torch.autograd.grad((lp * weights).sum(), params)
+    want_lp, _ = plain(b.model, batch, 1.0)
+    want_grads = torch.autograd.grad((want_lp * weights).sum(), params)
+    assert torch.allclose(lp, want_lp, atol=2e-5, rtol=0), (lp - want_lp).abs().max()
+    for got, want in zip(grads, want_grads, strict=True):
+        assert torch.allclose(got, want, atol=2e-5, rtol=1e-4), (got - want).abs().max()
+
+
+def test_a_short_shared_head_and_distinct_prompts_take_the_plain_forward(tiny_dir: Path) -> None:
+    b = EmbeddedBackend(tiny_dir, AlgorithmConfig(), seed=0)
+    short = headed(header=shared_prompt.MIN_SHARED_PREFIX - 1).select([0, 1, 2, 5, 6])  # distinct prompts
+    calls, _ = decoder_rows(b, short)
+    assert calls == [(5, short.input_ids.shape[1])]
+
+
 def test_prompt_groups_are_rows_with_equal_prompt_ids() -> None:
     batch = grouped()
     groups = shared_prompt.prompt_groups(batch)

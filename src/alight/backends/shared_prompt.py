@@ -1,16 +1,24 @@
-"""A prompt that several rows of a batch share, computed once (the samples of a GRPO group).
+"""Prompt tokens several rows of a batch share, computed once: a GRPO group's prompt, a system prompt.
 
-The n samples of a GRPO group answer one prompt, so one forward over the batch's `input_ids`
-computes each prompt n times. Here the distinct prompts run once, as a [G, P] batch left-padded
-like the batch's prompts, with the decoder's key/value cache kept; the cache is repeated for the
-rows that share each prompt (an `index_select`, so backward sums each row's gradient into the
-prompt's one computation) and the [B, R] responses run on it. The values are the one forward's: a
-prompt token never attends to a response token, and the positions and attention mask are the
-batch's own. With groups of 8 and prompts longer than responses this is most of an update's tokens.
+The n samples of a GRPO group answer one prompt, and most prompts of an agent start with the same
+system prompt and tool list, so one forward over the batch's `input_ids` computes the same tokens
+many times. Here, with the decoder's key/value cache kept between three forwards:
+
+1. the prefix every distinct prompt starts with, once ([1, c]; when it is `MIN_SHARED_PREFIX`
+   tokens or more), its cache repeated for each distinct prompt;
+2. the rest of each distinct prompt, once ([G, W], left-padded), its cache repeated for the rows
+   that share it;
+3. the responses of every row ([B, R]).
+
+Repeating is an `index_select`, so backward sums each row's gradient into the shared computation.
+The values are those of one forward: a token attends to the same tokens at the same positions (a
+prompt never attends to a response, the attention mask drops the padding between the parts). With
+groups of 8 and prompts longer than responses this is most of an update's tokens, and a warm
+start's demonstrations share their system prompt.
 
 It needs the decoder's cache in training, so it is not used with gradient checkpointing (which
 turns the cache off), nor for a cache that is not plain full-attention layers (sliding windows,
-recurrent state), nor when no two rows share a prompt.
+recurrent state), nor when there is nothing to share.
 """
 
 from __future__ import annotations
@@ -21,6 +29,9 @@ if TYPE_CHECKING:
     import torch
 
     from alight.algorithms.batch import TransitionBatch
+
+#: The shortest prefix of every distinct prompt worth a forward of its own (fewer tokens: none).
+MIN_SHARED_PREFIX = 16
 
 
 def prompt_groups(batch: TransitionBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -55,35 +66,86 @@ def shareable(model: Any) -> bool:
     return getattr(config, "sliding_window", None) is None or not getattr(config, "use_sliding_window", True)
 
 
+def common_prefix(prompts: torch.Tensor, lengths: torch.Tensor) -> int:
+    """How many leading real tokens every left-padded prompt row shares (a system prompt, a tool
+    list), at most the shortest prompt's length minus one: each row keeps a token of its own."""
+    import torch
+
+    width, shortest = prompts.shape[1], int(lengths.min())
+    if len(prompts) < 2 or shortest < 2:
+        return 0
+    starts = width - lengths  # each row's first real column
+    columns = starts[:, None] + torch.arange(shortest - 1, device=prompts.device)
+    heads = prompts.gather(1, columns)  # [G, shortest - 1]: every row's first tokens
+    same = (heads == heads[:1]).all(0).long()
+    return int(same.cumprod(0).sum())
+
+
+def _suffixes(prompts: torch.Tensor, lengths: torch.Tensor, shared: int) -> tuple[torch.Tensor, ...]:
+    """(ids, attention mask, position ids) of each prompt's tokens after the first `shared`,
+    left-padded to the longest such suffix: [G, W] each."""
+    import torch
+
+    own = lengths - shared  # >= 1 (common_prefix leaves each row a token)
+    width = int(own.max())
+    column = torch.arange(width, device=prompts.device)
+    pads = width - own  # left padding of each row
+    real = column[None, :] >= pads[:, None]
+    source = (prompts.shape[1] - own)[:, None] + (column[None, :] - pads[:, None])  # the prompt column it copies
+    ids = torch.where(real, prompts.gather(1, source.clamp(0, prompts.shape[1] - 1)), prompts[:, :1])
+    positions = torch.where(real, shared + column[None, :] - pads[:, None], 0)
+    return ids, real.long(), positions
+
+
 def response_hidden(decoder: Any, batch: TransitionBatch) -> torch.Tensor | None:
     """[B, R, H]: the decoder's last hidden states that predict each response token (those at
     positions P-1 .. P+R-2 of one forward over `input_ids`), with each distinct prompt computed
-    once; None when no two rows share a prompt (or the cache is not plain layers: nothing computed)."""
+    once, and the prefix all of them share (at least `MIN_SHARED_PREFIX` tokens) once before them;
+    None when there is nothing to share (or the cache is not plain layers)."""
     import torch
-    from transformers.cache_utils import DynamicLayer
 
     groups = prompt_groups(batch)
-    if groups is None:
-        return None
-    first, row_prompt = groups
-    width = batch.prompt_length
-    mask, positions = batch.attention_mask, batch.position_ids
+    rows = torch.arange(len(batch), device=batch.input_ids.device)
+    first, row_prompt = groups if groups is not None else (rows, rows)
+    prompts, lengths = batch.prompts.index_select(0, first), batch.prompt_lengths.index_select(0, first)
+    shared = common_prefix(prompts, lengths)
+    if shared < MIN_SHARED_PREFIX:
+        shared = 0
+        if groups is None:
+            return None
+    cache = None
+    if shared:  # the prefix once, its cache repeated for each distinct prompt
+        start = int(batch.prompt_length - lengths[0])
+        prefix = prompts[:1, start : start + shared]
+        ones = torch.ones_like(prefix)
+        out = decoder(input_ids=prefix, attention_mask=ones, position_ids=ones.cumsum(1) - 1, use_cache=True)
+        cache = out.past_key_values
+        if not _plain(cache):
+            return None
+        cache.reorder_cache(torch.zeros(len(first), dtype=torch.long, device=prefix.device))
+    ids, suffix_mask, positions = _suffixes(prompts, lengths, shared)
+    prompt_mask = torch.cat([suffix_mask.new_ones(len(first), shared), suffix_mask], dim=1)
     prompt = decoder(
-        input_ids=batch.prompts.index_select(0, first),
-        attention_mask=mask.index_select(0, first)[:, :width],
-        position_ids=positions.index_select(0, first)[:, :width],
-        use_cache=True,
+        input_ids=ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=cache, use_cache=True
     )
     cache = prompt.past_key_values
-    if any(type(layer) is not DynamicLayer for layer in getattr(cache, "layers", [None])):
+    if not _plain(cache):
         return None
     cache.reorder_cache(row_prompt)  # [G, ...] -> [B, ...]: each row's prompt (autograd sums the repeats)
+    response_real = batch.attention_mask[:, batch.prompt_length :]
     response = decoder(
         input_ids=batch.responses,
-        attention_mask=mask,
-        position_ids=positions[:, width:],
+        attention_mask=torch.cat([prompt_mask.index_select(0, row_prompt), response_real], dim=1),
+        position_ids=batch.position_ids[:, batch.prompt_length :],
         past_key_values=cache,
         use_cache=True,
     )
     last_prompt = prompt.last_hidden_state[:, -1:].index_select(0, row_prompt)  # predicts the first response token
     return torch.cat([last_prompt, response.last_hidden_state[:, :-1]], dim=1)
+
+
+def _plain(cache: Any) -> bool:
+    """Whether `cache` is plain full-attention layers (their rows can be repeated)."""
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))
