@@ -56,7 +56,9 @@ def calc_prompts(tokenizer: Any, n: int) -> list[list[int]]:
     prompts = []
     for problem in make_problems(n, seed=1):
         messages = [{"role": "user", "content": problem["question"]}]
-        text = tokenizer.apply_chat_template(messages, tools=[CALCULATE_TOOL], add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            messages, tools=[CALCULATE_TOOL], add_generation_prompt=True, tokenize=False
+        )
         prompts.append(tokenizer.encode(text, add_special_tokens=False))
     return prompts
 
@@ -81,7 +83,9 @@ def build(args: Any, threads: int, precision: str, share: bool) -> tuple[Any, An
             length = int(torch.randint(16, args.response_tokens + 1, (), generator=g))
             response = torch.randint(3, 49000, (length,), generator=g).tolist()
             advantage = float(torch.randn((), generator=g))
-            rows.append(Transition.unchecked(prompt, response, 1.0, f"r{group}-{i}", group_id=str(group), advantage=advantage))
+            rows.append(
+                Transition.unchecked(prompt, response, 1.0, f"r{group}-{i}", group_id=str(group), advantage=advantage)
+            )
     batch = TransitionBatch.from_transitions(rows, int(tokenizer.pad_token_id or 0))
     algorithm = AlgorithmConfig(lr=1e-6, micro_batch_size=len(rows), precision=precision, share_prompts=share)
     return EmbeddedBackend(path, algorithm, seed=0), batch
@@ -171,7 +175,11 @@ def main() -> None:
         if case not in CASES and case != "fidelity":
             raise SystemExit(f"unknown case {case!r}; choose from {', '.join([*CASES, 'fidelity'])}")
         threads = CASES[case][0] if case in CASES else 0
-        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": str(threads or len(os.sched_getaffinity(0)))}
+        env = {
+            **os.environ,
+            "OMP_WAIT_POLICY": "PASSIVE",
+            "OMP_NUM_THREADS": str(threads or len(os.sched_getaffinity(0))),
+        }
         cmd = [sys.executable, __file__, "--child", case, *child_args(args)]
         print(f"+ {case}", file=sys.stderr, flush=True)
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
@@ -184,7 +192,13 @@ def main() -> None:
             figures["speedup"] = base_s / figures["update_s"]
         print(f"  {case}: " + ", ".join(f"{k} {v:.4g}" for k, v in figures.items()), file=sys.stderr, flush=True)
         results += [{"case": case, "metric": k, "value": round(v, 5)} for k, v in figures.items()]
-    emit("update", results, as_json=args.json, title=f"one GRPO update of {MODEL} on {os.cpu_count()} CPU cores", digits=3)
+    emit(
+        "update",
+        results,
+        as_json=args.json,
+        title=f"one GRPO update of {MODEL} on {os.cpu_count()} CPU cores",
+        digits=3,
+    )
 
 
 def argparse_hidden() -> str:

@@ -73,7 +73,9 @@ def prefixes_of_each_other() -> TransitionBatch:
     g = torch.Generator().manual_seed(5)
     long = torch.randint(1, 250, (26,), generator=g).tolist()
     rows = [
-        Transition.unchecked(long[:n], torch.randint(1, 250, (3 + i,), generator=g).tolist(), 1.0, f"r{i}", advantage=1.0)
+        Transition.unchecked(
+            long[:n], torch.randint(1, 250, (3 + i,), generator=g).tolist(), 1.0, f"r{i}", advantage=1.0
+        )
         for i, n in enumerate((20, 26, 23, 20))
     ]
     return TransitionBatch.from_transitions(rows, PAD)
@@ -139,7 +141,9 @@ def test_shared_prompts_give_the_plain_forwards_log_probs_and_gradients(tiny_dir
     params = [p for p in b.model.parameters() if p.requires_grad]
     calls: list[int] = []
     decoder = b.model.get_decoder()
-    hook = decoder.register_forward_pre_hook(lambda _m, _a, kw: calls.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    hook = decoder.register_forward_pre_hook(
+        lambda _m, _a, kw: calls.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
     lp, ent = b.log_probs(batch, entropy=True)
     hook.remove()
     assert calls == [4, 8]  # the 4 distinct prompts once, then the 8 responses

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from alight.backends import losses, shared_prompt
-from alight.backends.shared_prompt import shareable
 
 if TYPE_CHECKING:
     import torch
@@ -106,7 +105,8 @@ def response_log_probs(
     mask = batch.response_mask
     if chunk_tokens > 0 and chunked_head_supported(model):
         decoder = model.get_decoder()
-        hidden = shared_prompt.response_hidden(decoder, batch) if share_prompts and shareable(model) else None
+        shares = share_prompts and shared_prompt.shareable(model)
+        hidden = shared_prompt.response_hidden(decoder, batch) if shares else None
         if hidden is None:
             r = batch.response_length
             hidden = decoder(

@@ -26,8 +26,6 @@ from typing import TYPE_CHECKING
 from alight.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     import torch
 
 logger = logging.getLogger(__name__)
@@ -89,12 +87,3 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     if precision != "bf16":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
-@contextlib.contextmanager
-def full_precision(device_type: str) -> Iterator[None]:
-    """Autocast off (float32 as the tensors are), inside a bf16 forward: the output layer and log-softmax."""
-    import torch
-
-    with torch.autocast(device_type=device_type, enabled=False):
-        yield
