@@ -68,11 +68,26 @@ def test_short_calc_training_runs_every_part_for_real(tmp_path: Path, monkeypatc
     from alight.trainer import Trainer
     from alight.types import RolloutMode, SpanKind
 
+    import torch
+
+    from alight.backends.embedded import EmbeddedBackend
+    from alight.trainer.threads import usable_cpus
+
+    threads: dict[str, list[int]] = {"update": [], "warm_start": []}
+    for name in threads:  # the torch threads each ran with (a sync run on CPU: every usable core)
+        original = getattr(EmbeddedBackend, name)
+
+        def counted(self: Any, *args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
+            threads[_name].append(torch.get_num_threads())
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(EmbeddedBackend, name, counted)
     monkeypatch.chdir(REPO)
     recorder = Recorder()
     result = Trainer(short_config(tmp_path), watchers=[recorder]).fit()
 
     assert result.steps == 2 and not result.stopped
+    assert threads == {"update": [usable_cpus()] * 2, "warm_start": [usable_cpus()]}
     lines = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [0, 1, 2] == [m["step"] for m in recorder.steps]
     assert "warm start" in recorder.stages and "warm_start/loss" in lines[0]

@@ -8,7 +8,8 @@ many times. Here, with the decoder's key/value cache kept between three forwards
    tokens or more), its cache repeated for each distinct prompt;
 2. the rest of each distinct prompt, once ([G, W], left-padded), its cache repeated for the rows
    that share it;
-3. the responses of every row ([B, R]).
+3. the responses of every row, in up to `MAX_BUCKETS` forwards of rows of similar length, each
+   padded to its own longest response (`response_buckets`) rather than the batch's.
 
 Repeating is an `index_select`, so backward sums each row's gradient into the shared computation.
 The values are those of one forward: a token attends to the same tokens at the same positions (a
@@ -32,6 +33,10 @@ if TYPE_CHECKING:
 
 #: The shortest prefix of every distinct prompt worth a forward of its own (fewer tokens: none).
 MIN_SHARED_PREFIX = 16
+#: The responses run in at most this many forwards, rows grouped by length (`response_buckets`) ...
+MAX_BUCKETS = 4
+#: ... each forward counted as this many tokens of work when choosing the groups.
+BUCKET_OVERHEAD = 32
 
 
 def prompt_groups(batch: TransitionBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -131,17 +136,67 @@ def response_hidden(decoder: Any, batch: TransitionBatch) -> torch.Tensor | None
     cache = prompt.past_key_values
     if not _plain(cache):
         return None
-    cache.reorder_cache(row_prompt)  # [G, ...] -> [B, ...]: each row's prompt (autograd sums the repeats)
+    last_prompt = prompt.last_hidden_state[:, -1:]  # predicts each prompt's first response token
     response_real = batch.attention_mask[:, batch.prompt_length :]
-    response = decoder(
-        input_ids=batch.responses,
-        attention_mask=torch.cat([prompt_mask.index_select(0, row_prompt), response_real], dim=1),
-        position_ids=batch.position_ids[:, batch.prompt_length :],
-        past_key_values=cache,
-        use_cache=True,
+    response_positions = batch.position_ids[:, batch.prompt_length :]
+    width = batch.response_length
+    parts, order = [], []
+    for bucket in response_buckets(batch.response_lengths.tolist()):
+        rows_in = torch.tensor(bucket, device=rows.device)
+        own = row_prompt.index_select(0, rows_in)
+        longest = max(1, int(batch.response_lengths.index_select(0, rows_in).max()))
+        response = decoder(  # on each row's prompt cache (repeated: autograd sums the repeats)
+            input_ids=batch.responses.index_select(0, rows_in)[:, :longest],
+            attention_mask=torch.cat(
+                [prompt_mask.index_select(0, own), response_real.index_select(0, rows_in)[:, :longest]], dim=1
+            ),
+            position_ids=response_positions.index_select(0, rows_in)[:, :longest],
+            past_key_values=_repeated(cache, own),
+            use_cache=True,
+        )
+        hidden = torch.cat([last_prompt.index_select(0, own), response.last_hidden_state[:, : longest - 1]], dim=1)
+        parts.append(torch.nn.functional.pad(hidden, (0, 0, 0, width - longest)))  # zeros past the bucket's longest
+        order += bucket
+    back = torch.empty_like(rows)
+    back[torch.tensor(order, device=rows.device)] = rows
+    return torch.cat(parts).index_select(0, back)
+
+
+def response_buckets(
+    lengths: list[int], *, most: int = MAX_BUCKETS, overhead: int = BUCKET_OVERHEAD
+) -> list[list[int]]:
+    """The rows grouped by response length, each group padded to its own longest response: at most
+    `most` groups of consecutive lengths, chosen to compute the fewest tokens (rows x the group's
+    longest) counting `overhead` tokens for each group's forward. Rows of a group keep their order."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    sorted_lengths = [max(1, lengths[i]) for i in order]
+    n = len(order)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(most + 1)]  # best[k][j]: the first j rows in k groups
+    cut = [[0] * (n + 1) for _ in range(most + 1)]  # where the k-th group of the first j rows starts
+    best[0][0] = 0.0
+    for k in range(1, most + 1):
+        for j in range(1, n + 1):
+            for i in range(k - 1, j):
+                cost = best[k - 1][i] + (j - i) * sorted_lengths[j - 1] + overhead
+                if cost < best[k][j]:
+                    best[k][j], cut[k][j] = cost, i
+    groups = min(range(1, most + 1), key=lambda k: best[k][n]) if n else 0
+    found, end = [], n
+    for k in range(groups, 0, -1):
+        start = cut[k][end]
+        found.append(sorted(order[start:end]))
+        end = start
+    return found[::-1]
+
+
+def _repeated(cache: Any, index: torch.Tensor) -> Any:
+    """A new cache whose rows are `cache`'s rows `index` (plain layers; `cache` is left as it is)."""
+    from transformers.cache_utils import DynamicCache
+
+    return DynamicCache(
+        [(layer.keys.index_select(0, index), layer.values.index_select(0, index)) for layer in cache.layers]
     )
-    last_prompt = prompt.last_hidden_state[:, -1:].index_select(0, row_prompt)  # predicts the first response token
-    return torch.cat([last_prompt, response.last_hidden_state[:, :-1]], dim=1)
 
 
 def _plain(cache: Any) -> bool:
