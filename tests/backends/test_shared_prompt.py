@@ -197,3 +197,19 @@ def test_response_buckets_pad_each_group_to_its_own_longest() -> None:
     assert shared_prompt.response_buckets(lengths, most=4, overhead=10_000) == [list(range(7))]
     assert shared_prompt.response_buckets([5] * 6) == [list(range(6))]
     assert shared_prompt.response_buckets([]) == []
+
+
+def test_responses_of_very_different_lengths_run_in_groups_with_the_plain_values(tiny_dir: Path) -> None:
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(1, 250, (9,), generator=g).tolist()
+    lengths = [2, 70, 3, 66, 2, 71]  # interleaved: a group's rows are not consecutive rows of the batch
+    rows = [
+        Transition.unchecked(prompt, torch.randint(1, 250, (n,), generator=g).tolist(), 1.0, f"r{i}", advantage=1.0)
+        for i, n in enumerate(lengths)
+    ]
+    batch = TransitionBatch.from_transitions(rows, PAD)
+    b = EmbeddedBackend(tiny_dir, AlgorithmConfig(), seed=0)
+    calls, lp = decoder_rows(b, batch)
+    assert calls == [(1, 9), (3, 3), (3, 71)]  # the prompt once, then the short and the long responses
+    want_lp, _ = plain(b.model, batch, 1.0)
+    assert torch.allclose(lp, want_lp, atol=2e-5, rtol=0), (lp - want_lp).abs().max()
