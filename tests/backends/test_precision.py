@@ -83,16 +83,18 @@ def test_bf16_without_native_support_warns(monkeypatch: pytest.MonkeyPatch, capl
 
 
 def test_native_bf16_reads_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from alight.models import devices
+
     for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
         monkeypatch.setattr(torch.cpu, probe, lambda: False, raising=False)
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset({"fp", "asimd"}))
-    assert not precision.native_bf16("cpu")
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset({"fp", "asimd", "bf16"}))
-    assert precision.native_bf16("cpu")
+    monkeypatch.setattr(devices, "_cpu_flags", lambda: frozenset({"fp", "asimd"}))
+    assert not devices.native_bf16("cpu")
+    monkeypatch.setattr(devices, "_cpu_flags", lambda: frozenset({"fp", "asimd", "bf16"}))
+    assert devices.native_bf16("cpu")
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
-    monkeypatch.setattr(precision, "_cpu_flags", lambda: frozenset())
-    assert precision.native_bf16("cpu")
-    assert not precision.native_bf16("mps")
+    monkeypatch.setattr(devices, "_cpu_flags", lambda: frozenset())
+    assert devices.native_bf16("cpu")
+    assert not devices.native_bf16("mps")
 
 
 def test_a_bad_precision_is_one_line() -> None:

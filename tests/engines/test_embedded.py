@@ -272,3 +272,18 @@ async def test_weights_that_do_not_fit_are_refused(tiny_dir: Path) -> None:
     with pytest.raises(ConfigError, match=r"wrong shape: model\.norm\.weight"):
         await engine.update_weights(state, 1)
     assert engine.weights_version == 0
+
+
+@pytest.mark.parametrize(("native", "want"), [(True, "bfloat16"), (False, "float32")])
+def test_dtype_auto_is_bfloat16_where_the_cpu_has_it(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch, native: bool, want: str
+) -> None:
+    from alight.engines import embedded
+
+    monkeypatch.setattr(embedded, "native_bf16", lambda device: native)
+    engine = EmbeddedEngine("tiny", cache_dir=tiny_dir, dtype="auto")
+    engine.load()
+    assert next(engine.model.parameters()).dtype == getattr(torch, want)
+    pinned = EmbeddedEngine("tiny", cache_dir=tiny_dir, dtype="float32")  # a dtype named is kept
+    pinned.load()
+    assert next(pinned.model.parameters()).dtype == torch.float32

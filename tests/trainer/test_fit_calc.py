@@ -63,15 +63,14 @@ def weights(directory: Path) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_short_calc_training_runs_every_part_for_real(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from alight import semconv
-    from alight.store.sqlite import SqliteStore
-    from alight.trainer import Trainer
-    from alight.types import RolloutMode, SpanKind
-
     import torch
 
+    from alight import semconv
     from alight.backends.embedded import EmbeddedBackend
+    from alight.store.sqlite import SqliteStore
+    from alight.trainer import Trainer
     from alight.trainer.threads import usable_cpus
+    from alight.types import RolloutMode, SpanKind
 
     threads: dict[str, list[int]] = {"update": [], "warm_start": []}
     for name in threads:  # the torch threads each ran with (a sync run on CPU: every usable core)

@@ -18,12 +18,11 @@ How far bf16 moves a batch's loss, log-probs and gradient from fp32 is measured 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from alight.errors import ConfigError
+from alight.models.devices import native_bf16
 
 if TYPE_CHECKING:
     import torch
@@ -37,32 +36,6 @@ def check_precision(value: object) -> None:
     """ConfigError, in one line, for a value that is not a precision."""
     if value not in PRECISIONS:
         raise ConfigError(f"algorithm.precision must be one of {', '.join(PRECISIONS)}, got {value!r}")
-
-
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    line = next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
-    return frozenset(line.partition(":")[2].split())
-
-
-def native_bf16(device: str) -> bool:
-    """Whether `device` (cpu, cuda, cuda:N) computes bfloat16 matrix products natively."""
-    import torch
-
-    if device.startswith("cuda"):
-        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-    if device != "cpu":
-        return False
-    cpu = torch.cpu
-    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        check = getattr(cpu, probe, None)
-        if check is not None and check():
-            return True
-    return "bf16" in _cpu_flags()  # ARM's BF16 extension (Graviton 3, Neoverse V1/N2, Apple M2+ Linux)
 
 
 def resolve_precision(setting: str, device: str) -> str:

@@ -98,7 +98,9 @@ class EngineConfig:
     chat_template: str = "auto"
     served_name: str = "policy"  # the model name agents send; the proxy answers to it
     device: str = "cpu"  # embedded: cpu | cuda | cuda:N
-    dtype: str = "float32"  # embedded: float32 | bfloat16 | float16
+    dtype: str = (
+        "float32"  # embedded: float32 | bfloat16 | float16 | auto (bfloat16 on a GPU or a CPU that has it natively)
+    )
     max_batch_size: int = 32  # embedded: requests generated together (they join and leave between tokens)
     base_url: str | None = None  # litellm: the OpenAI-compatible endpoint, if any
     api_key_env: str | None = None  # litellm: environment variable holding the API key

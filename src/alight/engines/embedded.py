@@ -36,6 +36,7 @@ from alight.engines.sampling import Decoder, Sequence, SequenceOutput
 from alight.engines.toolcalls import PlainTextStream, ToolCallStreamFilter, assistant_message, validate_tools
 from alight.engines.weights import load_weights_into
 from alight.errors import ConfigError, ContextLengthError, InvalidRequestError
+from alight.models.devices import native_bf16
 from alight.models.resolve import TINY
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class EmbeddedEngine(Engine):
         model: str | os.PathLike[str] = TINY,
         *,
         device: str = "cpu",
-        dtype: str = "auto",  # auto: float32 on CPU, bfloat16 on GPU
+        dtype: str = "auto",  # auto: bfloat16 on a GPU or a CPU with native bfloat16, else float32
         max_batch_size: int = 32,
         max_new_tokens: int = 512,  # limit of a request that sets no max_tokens
         max_context: int | None = None,  # None: the model's max_position_embeddings
@@ -146,9 +147,8 @@ class EmbeddedEngine(Engine):
 
             path = resolve_model(self._source, tiny_dir=self._cache_dir)
             on_gpu = self._device.startswith("cuda")
-            dtype = {"auto": torch.bfloat16 if on_gpu else torch.float32}.get(self._dtype) or getattr(
-                torch, self._dtype
-            )
+            bf16 = on_gpu or native_bf16(self._device)  # auto: bfloat16 where the hardware computes it
+            dtype = {"auto": torch.bfloat16 if bf16 else torch.float32}.get(self._dtype) or getattr(torch, self._dtype)
             try:
                 with progress_bars_off():
                     tokenizer = load_tokenizer(path, self._chat_template)

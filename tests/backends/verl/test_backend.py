@@ -587,6 +587,9 @@ def test_check_config_refuses_sft_a_warm_start_and_a_machine_without_cuda(monkey
         VerlBackend.check_config(config(name="sft"))
     with pytest.raises(ConfigError, match="no warm start"):
         VerlBackend.check_config(replace(config(), warm_start=WarmStartConfig(steps=10, data="x")))
+    bf16 = replace(config(), algorithm=replace(config().algorithm, precision="bf16"))
+    with pytest.raises(ConfigError, match=r"^algorithm.precision=bf16 is the embedded backend's; verl sets its own"):
+        VerlBackend.check_config(bf16)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = replace(config(), trainer=replace(ExperimentConfig().trainer, backend="verl"))
