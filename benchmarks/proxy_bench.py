@@ -28,7 +28,7 @@ Cases:
             In both, the two modes alternate which runs first from one repeat to the next (A/B).
 
 Each case runs --repeat times; every value is the median over the runs, since timings on a shared
-2-core machine vary a lot from run to run.
+2-core machine vary a lot from run to run (each run's value goes to stderr, with --json too).
 
 Usage: python benchmarks/proxy_bench.py [--json] [--calls 300] [--seconds 10] [--repeat 3]
        [--cases proxy,embedded,staggered,uniform]
@@ -279,7 +279,7 @@ def main() -> None:
             ]
             for rows in zip(*runs, strict=True):
                 values = [row["value"] for row in rows]
-                results.append(median_row(case, rows[0]["metric"], values, digits=3, show_runs=not args.json))
+                results.append(median_row(case, rows[0]["metric"], values, digits=3))  # each run on stderr
     title = f"{args.calls} calls per side; embedded: {args.seconds:g} s per concurrency; median of {args.repeat}"
     emit("proxy", results, as_json=args.json, title=title, digits=3)
 
