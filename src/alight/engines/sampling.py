@@ -137,11 +137,11 @@ class Decoder:
         self._merges = _mergeable(self._cache)  # the same kind of cache until the batch ends
         self._rows = [_Row(seq) for seq in batch]
 
-    def _prompts(self, batch: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prompts of `batch` left-padded to one width: ids and mask."""
+    def _prompts(self, batch: list[Sequence], width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompts of `batch` left-padded to one width (at least `width`): ids and mask."""
         import torch
 
-        width = max(len(s.prompt_ids) for s in batch)
+        width = max(width, *(len(s.prompt_ids) for s in batch))
         ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for row, seq in enumerate(batch):
