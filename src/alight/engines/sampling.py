@@ -87,11 +87,9 @@ class _Row:
 class Decoder:
     """A running batch that sequences join and leave one token at a time (continuous batching).
 
-    `add` prefills new sequences together when none runs; while rows run, it holds them until the
-    next `step`, whose one forward runs the running rows' new tokens and the joining rows' prompts
-    together (the cache grows by masked positions for both), so a join costs no forward of its own.
-    `step` samples one token for every row, hands back the rows that ended, drops them from the
-    batch and runs that cached forward for the others. Each row
+    `add` prefills new sequences together and merges their key/value cache into the running one
+    (both left-padded to one length); `step` samples one token for every row, hands back the rows
+    that ended, drops them from the batch and runs one cached forward for the others. Each row
     keeps its attention mask and position ids, so it computes what it would compute alone (up to
     float rounding of padded kernels), whoever shares the batch. Models whose cache is not plain
     full-attention layers (sliding windows, recurrent state) cannot merge: `can_join` is False
@@ -106,14 +104,13 @@ class Decoder:
         self._mask: torch.Tensor | None = None  # [rows, cache length]: 1 where a row has a token
         self._positions: torch.Tensor | None = None  # [rows, 1]: the position of each row's newest token
         self._logits: torch.Tensor | None = None  # [rows, vocab]: each row's next-token logits
-        self._joining: list[Sequence] = []  # added while rows run: prefilled in the next step's forward
         self.forwards = 0  # forward passes run (prefills and decode steps)
         self._merges = False  # whether the running cache's layers can merge (see `_mergeable`)
 
     @property
     def size(self) -> int:
-        """Rows still generating (and rows joining at the next step)."""
-        return len(self._rows) + len(self._joining)
+        """Rows still generating."""
+        return len(self._rows)
 
     @property
     def can_join(self) -> bool:
@@ -121,52 +118,40 @@ class Decoder:
         return not self._rows or self._merges
 
     def add(self, batch: list[Sequence]) -> None:
-        """Prefill `batch` (left-padded together) now when no row runs; else its rows join the
-        running ones in the next `step`'s forward."""
+        """Prefill `batch` (left-padded together) and let its rows join the running ones."""
+        import torch
+
         if not batch:
             return
         if not self.can_join:
             raise RuntimeError("this model's cache cannot merge batches: add only when the decoder is empty")
-        if self._rows:
-            self._joining.extend(batch)
-            return
-        ids, mask = self._prompts(batch)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, self._cache = self._forward(ids, mask, positions, None)
-        self._mask, self._positions, self._logits = mask, positions[:, -1:], logits
-        self._merges = _mergeable(self._cache)  # the same kind of cache until the batch ends
-        self._rows = [_Row(seq) for seq in batch]
-
-    def _prompts(self, batch: list[Sequence], width: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prompts of `batch` left-padded to one width (at least `width`): ids and mask."""
-        import torch
-
-        width = max(width, *(len(s.prompt_ids) for s in batch))
+        width = max(len(s.prompt_ids) for s in batch)
         ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for row, seq in enumerate(batch):
             ids[row, width - len(seq.prompt_ids) :] = torch.tensor(seq.prompt_ids, dtype=torch.long)
             mask[row, width - len(seq.prompt_ids) :] = 1
-        return ids.to(self._device), mask.to(self._device)
-
-    def _forward(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
-    ) -> tuple[torch.Tensor, Any]:
-        """One forward of `ids` (attention `mask` over the cache and them): each row's next-token
-        logits, and the cache."""
-        import torch
-
+        ids, mask = ids.to(self._device), mask.to(self._device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.inference_mode():
             out = self._model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
             )
         self.forwards += 1
-        return out.logits[:, -1, :].float(), out.past_key_values
+        logits = out.logits[:, -1, :].float()
+        rows = [_Row(seq) for seq in batch]
+        if not self._rows:
+            self._cache, self._mask, self._logits = out.past_key_values, mask, logits
+            self._merges = _mergeable(self._cache)  # the same kind of cache until the batch ends
+            self._positions = positions[:, -1:]
+        else:
+            assert self._mask is not None and self._positions is not None and self._logits is not None
+            length = max(self._mask.shape[1], width)
+            _merge_caches(self._cache, out.past_key_values, length)
+            self._mask = torch.cat([_left_pad(self._mask, length, 1), _left_pad(mask, length, 1)])
+            self._positions = torch.cat([self._positions, positions[:, -1:]])
+            self._logits = torch.cat([self._logits, logits])
+        self._rows.extend(rows)
 
     def step(self) -> list[tuple[Sequence, SequenceOutput]]:
         """One token for every row; returns the rows that ended (and leave the batch) with their outputs."""
@@ -192,11 +177,8 @@ class Decoder:
             else:
                 keep.append(index)
                 next_ids.append(token)
-        joining, self._joining = self._joining, []
         if not keep:
             self._rows, self._cache, self._mask, self._positions, self._logits = [], None, None, None, None
-            if joining:  # they start the batch afresh
-                self.add(joining)
             return ended
         mask, positions = self._mask, self._positions
         if len(keep) < len(self._rows):  # ended rows leave, and padding no row needs any more goes
@@ -209,31 +191,26 @@ class Decoder:
             else:  # a sliding window's or a recurrent state's own bookkeeping: HF's selection
                 self._cache.batch_select_indices(kept)
             self._rows = [self._rows[i] for i in keep]
-        step_ids = torch.tensor(next_ids, dtype=torch.long, device=self._device)[:, None]
-        new_mask = mask.new_ones((len(keep), 1))
+        mask = torch.cat([mask, mask.new_ones((len(keep), 1))], dim=1)
         positions = positions + 1
-        if joining:  # one forward: each running row's token last, after masked padding; then the prompts
-            join_ids, join_mask = self._prompts(joining)
-            width = join_ids.shape[1]
-            running_ids = step_ids.new_full((len(keep), width), self._pad_id)
-            running_ids[:, -1:] = step_ids
-            step_ids = torch.cat([running_ids, join_ids])
-            new_mask = torch.cat([_left_pad(new_mask, width, 1), join_mask])
-            mask = torch.cat([mask, mask.new_zeros((len(joining), mask.shape[1]))])
-            _grow_cache(self._cache, len(joining))
-            positions = torch.cat([positions.expand(-1, width), (join_mask.cumsum(-1) - 1).clamp(min=0)])
-            self._rows.extend(_Row(seq) for seq in joining)
-        mask = torch.cat([mask, new_mask], dim=1)
-        self._logits, self._cache = self._forward(step_ids, mask, positions, self._cache)
-        self._mask, self._positions = mask, positions[:, -1:]
+        step_ids = torch.tensor(next_ids, dtype=torch.long, device=self._device)[:, None]
+        with torch.inference_mode():
+            out = self._model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=self._cache,
+                use_cache=True,
+            )
+        self.forwards += 1
+        self._cache, self._mask, self._positions = out.past_key_values, mask, positions
+        self._logits = out.logits[:, -1, :].float()
         return ended
 
     def fail(self) -> list[Sequence]:
         """Drop every row (after an error); returns their sequences."""
         failed = [row.seq for row in self._rows]
-        failed += self._joining
         self._rows, self._cache, self._mask, self._positions, self._logits = [], None, None, None, None
-        self._joining = []
         return failed
 
     def _output(self, row: _Row, finish: Literal["stop", "length"], text: str | None) -> SequenceOutput:
@@ -262,13 +239,13 @@ def _left_pad(tensor: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
-def _grow_cache(cache: Any, rows: int) -> None:
-    """Append `rows` rows of zeros (masked: no token yet) to every layer of `cache` (in place)."""
+def _merge_caches(running: Any, joining: Any, length: int) -> None:
+    """Append `joining`'s rows to `running` (in place), both left-padded to `length` positions."""
     import torch
 
-    for layer in cache.layers:
-        layer.keys = torch.cat([layer.keys, layer.keys.new_zeros((rows, *layer.keys.shape[1:]))])
-        layer.values = torch.cat([layer.values, layer.values.new_zeros((rows, *layer.values.shape[1:]))])
+    for mine, theirs in zip(running.layers, joining.layers, strict=True):
+        mine.keys = torch.cat([_left_pad(mine.keys, length, 2), _left_pad(theirs.keys, length, 2)])
+        mine.values = torch.cat([_left_pad(mine.values, length, 2), _left_pad(theirs.values, length, 2)])
 
 
 def _select_cache(cache: Any, rows: torch.Tensor, first: int) -> None:
