@@ -5,10 +5,7 @@ back on the caller's loop.
 Concurrent requests arrive one by one (each prompt is rendered and encoded first): an idle worker
 starts a batch with the requests that keep coming, `batch_wait_ms` apart at most, for at most
 `max_batch_wait_ms`; while it runs, requests that arrive join it between two tokens (up to
-`max_batch_size` rows), and each row leaves as soon as it ends. Joining requests come in groups by
-the same rule, since each join costs a prefill and a merge of the running cache: they wait while
-more keep coming (`batch_wait_ms` apart, `max_batch_wait_ms` in all) unless they fill the free
-rows, so clients that come back a token apart join together. One batch serves one adapter: a
+`max_batch_size` rows), and each row leaves as soon as it ends. One batch serves one adapter: a
 request for another waits until the batch ends. `held` stops joining (and new batches), so a
 weight update waits only for the rows already running.
 """
@@ -22,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from alight.engines.sampling import Sequence, SequenceOutput
 
@@ -37,7 +34,6 @@ class Job:
     future: asyncio.Future[Answer]
     texts: asyncio.Queue[str | None] | None = None  # streaming: settled text after each token, None at the end
     adapter: str | None = None  # per-agent LoRA: the adapter that answers (None: the base model)
-    arrived: float = field(default_factory=time.monotonic)  # when it was submitted (time.monotonic)
 
 
 #: What the worker hands a batch: its first jobs, and `join(room)`: up to `room` jobs that may join
@@ -143,23 +139,13 @@ class BatchWorker:
                 return
 
     def _join(self, adapter: str | None, room: int) -> list[Job]:
-        """Jobs of `adapter` that join the running batch now: up to `room`, none while held, and
-        none while more keep coming (see `_burst_goes_on`) unless they fill `room`."""
+        """Jobs of `adapter` that may join the running batch now: up to `room`, none while held."""
         if room <= 0 or not self._open.is_set():
             return []
         with contextlib.suppress(queue.Empty):
             while True:
                 self._accept(self._queue.get_nowait())
-        arrivals = [job.arrived for job in self._waiting if job.adapter == adapter]
-        if not arrivals or (len(arrivals) < room and self._burst_goes_on(arrivals)):
-            return []
         return self._take(adapter, room)
-
-    def _burst_goes_on(self, arrivals: list[float]) -> bool:
-        """Whether waiting jobs (arrived at `arrivals`) should wait for more, as `_gather` would:
-        the newest came less than `batch_wait_ms` ago and the first less than `max_batch_wait_ms`."""
-        now = time.monotonic()
-        return now - max(arrivals) < self.batch_wait_ms / 1000 and now - min(arrivals) < self.max_batch_wait_ms / 1000
 
     def _accept(self, job: Job | None) -> None:
         """A job from the queue waits for a batch; None (from `close`) stops the worker once idle."""

@@ -56,8 +56,7 @@ class EmbeddedEngine(Engine):
     model generated it; the text excludes it. Log-probs are log_softmax(logits / T) at each sampled
     token, T = temperature (T = 1 when temperature is 0), from the logits that sampled it.
     Requests join the running batch between two tokens (`continuous_batching`; False: static
-    batches, each running to its end while new requests wait), in groups: those that keep coming
-    `batch_wait_ms` apart join together (one prefill, one merge), as an idle engine gathers a batch.
+    batches, each running to its end while new requests wait).
     With `adapters` (agent names), one LoRA adapter per agent answers that agent's calls (see
     `alight.engines.agent_adapters`; `lora`: peft LoraConfig arguments of adapters not saved).
     """
@@ -85,8 +84,7 @@ class EmbeddedEngine(Engine):
         max_new_tokens: int = 512,  # limit of a request that sets no max_tokens
         max_context: int | None = None,  # None: the model's max_position_embeddings
         batch_wait_ms: float = 10.0,  # an idle engine waits this long after each request for another one
-        max_batch_wait_ms: float = 100.0,  # ... and at most this long after its first; requests joining
-        # a running batch wait by the same rule (unless they fill its free rows), so they join in groups
+        max_batch_wait_ms: float = 100.0,  # ... and at most this long after its first (later ones join)
         seed: int | None = None,  # seeds requests that bring no seed; None: torch's global RNG
         served_name: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,  # where "tiny" is built
