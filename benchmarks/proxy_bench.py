@@ -22,18 +22,23 @@ Cases:
             runs to its end while new requests wait) then with continuous batching (requests join
             between two tokens). Metrics tokens_per_s_static, tokens_per_s_continuous,
             continuous_gain (their ratio) and the median request latency of each.
+  uniform   The same with every request asking for 32 new tokens: bursts of clients that come back
+            together, which continuous batching must take in groups (one prefill, one merge) to
+            keep up with static batches. Same metrics.
+            In both, the two modes alternate which runs first from one repeat to the next (A/B).
 
 Each case runs --repeat times; every value is the median over the runs, since timings on a shared
-2-core machine vary a lot from run to run.
+2-core machine vary a lot from run to run (each run's value goes to stderr, with --json too).
 
 Usage: python benchmarks/proxy_bench.py [--json] [--calls 300] [--seconds 10] [--repeat 3]
-       [--cases proxy,embedded,staggered]
+       [--cases proxy,embedded,staggered,uniform]
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import statistics
 import tempfile
@@ -215,23 +220,43 @@ def measure_embedded(tiny: Path, seconds: float) -> list[dict[str, Any]]:
     ]
 
 
-def measure_staggered(tiny: Path, seconds: float) -> list[dict[str, Any]]:
-    static, static_ms = asyncio.run(_throughput(tiny, seconds, 8, continuous=False, varied=True))
-    cont, cont_ms = asyncio.run(_throughput(tiny, seconds, 8, continuous=True, varied=True))
+def _static_vs_continuous(tiny: Path, seconds: float, case: str, *, varied: bool) -> list[dict[str, Any]]:
+    """8 clients against static then continuous batches, or the other way round every other call."""
+    first_static = next(_AB) % 2 == 0
+    measured: dict[bool, tuple[float, float]] = {}
+    for continuous in (False, True) if first_static else (True, False):
+        measured[continuous] = asyncio.run(_throughput(tiny, seconds, 8, continuous=continuous, varied=varied))
+    (static, static_ms), (cont, cont_ms) = measured[False], measured[True]
     return [
-        {"case": "staggered", "metric": "tokens_per_s_static", "value": round(static, 1)},
-        {"case": "staggered", "metric": "tokens_per_s_continuous", "value": round(cont, 1)},
-        {"case": "staggered", "metric": "continuous_gain", "value": round(cont / static, 2)},
-        {"case": "staggered", "metric": "latency_p50_ms_static", "value": round(static_ms, 1)},
-        {"case": "staggered", "metric": "latency_p50_ms_continuous", "value": round(cont_ms, 1)},
+        {"case": case, "metric": "tokens_per_s_static", "value": round(static, 1)},
+        {"case": case, "metric": "tokens_per_s_continuous", "value": round(cont, 1)},
+        {"case": case, "metric": "continuous_gain", "value": round(cont / static, 3)},
+        {"case": case, "metric": "latency_p50_ms_static", "value": round(static_ms, 1)},
+        {"case": case, "metric": "latency_p50_ms_continuous", "value": round(cont_ms, 1)},
     ]
 
 
-MEASURES = {"proxy": None, "embedded": measure_embedded, "staggered": measure_staggered}
+_AB = itertools.count()  # which mode runs first alternates from one call to the next
+
+
+def measure_staggered(tiny: Path, seconds: float) -> list[dict[str, Any]]:
+    return _static_vs_continuous(tiny, seconds, "staggered", varied=True)
+
+
+def measure_uniform(tiny: Path, seconds: float) -> list[dict[str, Any]]:
+    return _static_vs_continuous(tiny, seconds, "uniform", varied=False)
+
+
+MEASURES = {
+    "proxy": None,
+    "embedded": measure_embedded,
+    "staggered": measure_staggered,
+    "uniform": measure_uniform,
+}
 
 
 def main() -> None:
-    parser = arguments(__doc__, cases="proxy,embedded,staggered", repeat=3)
+    parser = arguments(__doc__, cases="proxy,embedded,staggered,uniform", repeat=3)
     parser.add_argument("--calls", type=int, default=300, help="calls per side (proxy case)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measuring time per concurrency (embedded case)")
     args = parser.parse_args()
@@ -254,7 +279,7 @@ def main() -> None:
             ]
             for rows in zip(*runs, strict=True):
                 values = [row["value"] for row in rows]
-                results.append(median_row(case, rows[0]["metric"], values, digits=3, show_runs=not args.json))
+                results.append(median_row(case, rows[0]["metric"], values, digits=3))  # each run on stderr
     title = f"{args.calls} calls per side; embedded: {args.seconds:g} s per concurrency; median of {args.repeat}"
     emit("proxy", results, as_json=args.json, title=title, digits=3)
 
