@@ -46,6 +46,9 @@ ROWS = {"tests/backends/test_conformance.py": ("[verl", "verl")}
 LONG_GROUPS = ("verl", "vllm", "ray")
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# Three workers share two cores here: a training's update keeps one torch thread (trainer.threads),
+# as before sync updates took every core; tests of that behaviour unset it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 

@@ -81,6 +81,7 @@ def test_short_calc_training_runs_every_part_for_real(tmp_path: Path, monkeypatc
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(EmbeddedBackend, name, counted)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # (tests/conftest.py sets it for the suite)
     monkeypatch.chdir(REPO)
     recorder = Recorder()
     result = Trainer(short_config(tmp_path), watchers=[recorder]).fit()

@@ -46,8 +46,13 @@ def test_config_values_give_the_policy(threads: object, interop: object, device:
         ("torch", "cpu", "sync", None),
     ],
 )
-def test_a_sync_update_on_cpu_takes_every_core(threads: str, device: str, mode: str, update: int | None) -> None:
+def test_a_sync_update_on_cpu_takes_every_core(
+    threads: str, device: str, mode: str, update: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert ThreadPolicy.from_config(threads, "auto", device, mode=mode).update_intra_op == update
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the environment chose: the update keeps the run's count
+    assert ThreadPolicy.from_config(threads, "auto", device, mode=mode).update_intra_op is None
 
 
 def test_updating_sets_the_threads_of_the_calling_thread_and_restores_them() -> None:

@@ -298,7 +298,8 @@ class TrainerConfig:
     n_gpus_per_node: int = 1  # verl: GPUs per node the workers use
     nnodes: int = 1  # verl: nodes of the Ray cluster the workers use
     # PyTorch threads of the trainer process (warm start, updates, the embedded engine): auto (half
-    # the usable cores on CPU, 1 with a GPU; idle threads sleep) | torch (PyTorch's defaults) | a number
+    # the usable cores on CPU, 1 with a GPU, and every core for a sync run's updates and warm start
+    # unless OMP_NUM_THREADS is set; idle threads sleep) | torch (PyTorch's defaults) | a number
     torch_threads: str = "auto"
     torch_interop_threads: str = "auto"  # PyTorch inter-op threads: auto (1; alight forks no torch work) | torch | N
     # sync: each step enqueues its rollouts, waits for them, then updates (runners idle meanwhile) |

@@ -80,7 +80,7 @@ class EmbeddedEngine(Engine):
         model: str | os.PathLike[str] = TINY,
         *,
         device: str = "cpu",
-        dtype: str = "auto",  # auto: bfloat16 on a GPU or a CPU with native bfloat16, else float32
+        dtype: str = "float32",  # auto: bfloat16 on a GPU or a CPU with native bfloat16, else float32
         max_batch_size: int = 32,
         max_new_tokens: int = 512,  # limit of a request that sets no max_tokens
         max_context: int | None = None,  # None: the model's max_position_embeddings

@@ -65,10 +65,12 @@ class ThreadPolicy:
         """The policy of `trainer.torch_threads` / `trainer.torch_interop_threads`; ConfigError
         names a value that is neither "auto", "torch" nor a positive number. With "auto" on CPU in
         `mode` sync, the update and the warm start take every usable core: nothing else runs then
-        (the runners wait for the next step and the engine for new weights)."""
+        (the runners wait for the next step and the engine for new weights), unless the environment
+        sets OMP_NUM_THREADS (then they keep the run's count)."""
         intra = _threads("trainer.torch_threads", torch_threads)
         interop = _threads("trainer.torch_interop_threads", interop_threads)
-        alone = intra == AUTO and mode == "sync" and not device.startswith("cuda")
+        pinned = "OMP_NUM_THREADS" in os.environ  # the environment chose OpenMP's threads (CI, a container)
+        alone = intra == AUTO and mode == "sync" and not device.startswith("cuda") and not pinned
         return cls(
             intra_op=auto_threads(device, usable_cpus()) if intra == AUTO else None if intra == TORCH else int(intra),
             interop=1 if interop == AUTO else None if interop == TORCH else int(interop),
