@@ -39,7 +39,7 @@ def check_precision(value: object) -> None:
 
 
 def resolve_precision(setting: str, device: str) -> str:
-    """`fp32` or `bf16`: what `setting` (fp32 | bf16 | auto) means on `device`; warns once where
+    """`fp32` or `bf16`: what `setting` (fp32 | bf16 | auto) means on `device`; warns where
     bf16 is asked for and the device emulates it."""
     check_precision(setting)
     if setting == "auto":

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from alight.engines.sampling import plain_layers
+
 if TYPE_CHECKING:
     import torch
 
@@ -125,7 +127,7 @@ def response_hidden(decoder: Any, batch: TransitionBatch) -> torch.Tensor | None
         ones = torch.ones_like(prefix)
         out = decoder(input_ids=prefix, attention_mask=ones, position_ids=ones.cumsum(1) - 1, use_cache=True)
         cache = out.past_key_values
-        if not _plain(cache):
+        if not plain_layers(cache):
             return None
         cache.reorder_cache(torch.zeros(len(first), dtype=torch.long, device=prefix.device))
     ids, suffix_mask, positions = _suffixes(prompts, lengths, shared)
@@ -134,7 +136,7 @@ def response_hidden(decoder: Any, batch: TransitionBatch) -> torch.Tensor | None
         input_ids=ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=cache, use_cache=True
     )
     cache = prompt.past_key_values
-    if not _plain(cache):
+    if not plain_layers(cache):
         return None
     last_prompt = prompt.last_hidden_state[:, -1:]  # predicts each prompt's first response token
     response_real = batch.attention_mask[:, batch.prompt_length :]
@@ -197,10 +199,3 @@ def _repeated(cache: Any, index: torch.Tensor) -> Any:
     return DynamicCache(
         [(layer.keys.index_select(0, index), layer.values.index_select(0, index)) for layer in cache.layers]
     )
-
-
-def _plain(cache: Any) -> bool:
-    """Whether `cache` is plain full-attention layers (their rows can be repeated)."""
-    from transformers.cache_utils import DynamicLayer
-
-    return all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))

@@ -105,7 +105,7 @@ class Decoder:
         self._positions: torch.Tensor | None = None  # [rows, 1]: the position of each row's newest token
         self._logits: torch.Tensor | None = None  # [rows, vocab]: each row's next-token logits
         self.forwards = 0  # forward passes run (prefills and decode steps)
-        self._merges = False  # whether the running cache's layers can merge (see `_mergeable`)
+        self._merges = False  # whether the running cache's layers can merge (see `plain_layers`)
 
     @property
     def size(self) -> int:
@@ -142,7 +142,7 @@ class Decoder:
         rows = [_Row(seq) for seq in batch]
         if not self._rows:
             self._cache, self._mask, self._logits = out.past_key_values, mask, logits
-            self._merges = _mergeable(self._cache)  # the same kind of cache until the batch ends
+            self._merges = plain_layers(self._cache)  # the same kind of cache until the batch ends
             self._positions = positions[:, -1:]
         else:
             assert self._mask is not None and self._positions is not None and self._logits is not None
@@ -219,8 +219,9 @@ class Decoder:
         return SequenceOutput(row.tokens, row.logprobs, text, finish)
 
 
-def _mergeable(cache: Any) -> bool:
-    """Whether `cache` is plain full-attention key/value layers (that left-padding can merge)."""
+def plain_layers(cache: Any) -> bool:
+    """Whether `cache` is plain full-attention key/value layers (that left-padding can merge and an
+    index can repeat: the engine's continuous batching, the backend's shared prompts)."""
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None) or []
