@@ -6,6 +6,7 @@ the warm-started step-0 model against the final one on the held-out split, N sam
 the config's temperature, the paired bootstrap difference with its 95% interval. Rows per case:
 
   val_reward_start / _end   greedy validation reward at step 0 and at the last validation (the run's)
+  val_reward_best           the best greedy validation of the run
   train_wall_s              `alight train` launch to exit (the model conversion is cached beforehand)
   step_s                    median seconds per RL step
   eval_start / eval_final   mean reward of the step-0 / final model over tasks x N samples (eval)
@@ -53,7 +54,8 @@ def run_eval(config: str, run_dir: Path, n: int, eval_dir: Path) -> tuple[dict[s
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     wall = time.monotonic() - started
     if done.returncode != 0:
-        raise SystemExit(f"alight eval failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"alight eval failed ({done.returncode}): {last}")
     return json.loads(done.stdout), wall
 
 
@@ -92,17 +94,18 @@ def main() -> None:
                 raise SystemExit(f"unknown case {case!r}; choose from {', '.join(CASES)}")
             run_dir = Path(tmp) / case
             events, wall, rss = run_case(CASES[case], list(args.overrides), run_dir)
-            rows = summarise(case, events, wall, rss, target=2.0)  # no target: s_to_target is left out
-            results += [row for row in rows if row["metric"] not in {"s_to_target", "val_reward_best"}]
+            rows = summarise(case, events, wall, rss, target=float("inf"))  # no target here: s_to_target left out
+            results += [
+                {**row, "metric": "train_wall_s"} if row["metric"] == "wall_s" else row
+                for row in rows
+                if row["metric"] != "s_to_target"
+            ]
             report, eval_wall = run_eval(CASES[case], run_dir, args.n, Path(tmp) / f"{case}-eval")
             results += eval_rows(case, report, eval_wall)
             if args.out is not None:
                 args.out.mkdir(parents=True, exist_ok=True)
                 shutil.copy(run_dir / "metrics.jsonl", args.out / f"{case}_smol_train-{date}.jsonl")
                 (args.out / f"{case}_smol_eval-{date}.json").write_text(json.dumps(report, indent=1) + "\n")
-    for row in results:
-        if row["metric"] == "wall_s":
-            row["metric"] = "train_wall_s"
     emit("paper_agents", results, as_json=args.json, title=f"{MODEL} on {os.cpu_count()} CPU cores", digits=3)
 
 

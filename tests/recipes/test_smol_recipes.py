@@ -15,6 +15,7 @@ import pytest
 
 from alight.config import load_config, to_object
 from tests.fixtures.smol import needs_smol
+from tests.trainer.test_fit_calc import weights
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,8 +51,6 @@ RECIPES = {"calc_autogen_smol": 0, "spider_smol": 1, "rag_smol": 0}
 def test_the_smol_config_trains_one_step(
     name: str, smol_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from safetensors.torch import load_file
-
     from alight.store.sqlite import SqliteStore
     from alight.trainer import Trainer
     from alight.types import RolloutMode, SpanKind
@@ -69,10 +68,7 @@ def test_the_smol_config_trains_one_step(
     assert step1["rollouts/succeeded"] == 2 and step1["weights_version"] == 1
     assert step1["actor/optimizer_steps"] >= 1
     checkpoints = result.run_dir / "checkpoints"
-    before, after = (
-        load_file(str(checkpoints / "step_000000" / "model.safetensors")),
-        load_file(str(checkpoints / "step_000001" / "model.safetensors")),
-    )
+    before, after = weights(checkpoints / "step_000000"), weights(checkpoints / "step_000001")
     assert any(not before[k].equal(after[k]) for k in before)  # the update reached the weights
 
     async def llm_calls() -> int:
@@ -85,7 +81,7 @@ def test_the_smol_config_trains_one_step(
             await store.close()
 
     # Every call of the trained agents became a transition, and only theirs (agent_match).
-    untrained = RECIPES[name] * 2
-    assert 2 <= step1["transitions"] <= asyncio.run(llm_calls()) - untrained
+    calls, untrained = asyncio.run(llm_calls()), RECIPES[name] * 2
+    assert 2 <= step1["transitions"] <= calls - untrained
     if not untrained:
-        assert step1["transitions"] == asyncio.run(llm_calls())
+        assert step1["transitions"] == calls
