@@ -49,7 +49,7 @@ def test_import_alight_loads_no_heavy_dependency() -> None:
 
 PACKAGE = ROOT / "src" / "alight"
 #: Modules every part may use: the data model, errors, attribute names.
-FOUNDATION = frozenset({"types", "errors", "semconv", "parts"})
+FOUNDATION = frozenset({"types", "errors", "semconv", "parts", "restarts"})
 #: The alight parts each part may import (beyond FOUNDATION), as in docs/development.md's "The
 #: parts and their arrows"; the small shared modules (chat_template, entrypoints, data, models,
 #: serving) sit just above the foundation. "<root>" is alight/__init__.py (the public API).
@@ -60,6 +60,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "errors": set(),
         "semconv": set(),
         "parts": set(),
+        "restarts": set(),
         "chat_template": set(),
         "entrypoints": set(),
         "serving": set(),

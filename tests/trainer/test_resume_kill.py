@@ -40,6 +40,7 @@ def train_command(run_dir: Path, *extra: str) -> list[str]:
 @pytest.mark.timeout(400)
 def test_killed_run_resumes_without_lost_or_repeated_steps(tmp_path: Path) -> None:
     from alight.store.sqlite import SqliteStore
+    from alight.trainer.ledger import Audit, audit, read_ledger
     from alight.types import RolloutMode
 
     run_dir = tmp_path / "run"
@@ -72,16 +73,19 @@ def test_killed_run_resumes_without_lost_or_repeated_steps(tmp_path: Path) -> No
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(STEPS + 1))  # step 0 (validation) then every RL step, each once
 
-    async def rollouts_per_step() -> Counter[tuple[int, int]]:
+    async def rollouts_per_step() -> tuple[Counter[tuple[int, int]], Audit]:
         store = SqliteStore(run_dir / "store.db")
         try:
             train = await store.list_rollouts(mode=RolloutMode.TRAIN)
             assert all(r.status.is_terminal for r in train)
-            return Counter((r.metadata["step"], r.metadata["row"]) for r in train)
+            return Counter((r.metadata["step"], r.metadata["row"]) for r in train), await audit(store, run_dir)
         finally:
             await store.close()
 
-    per_task = asyncio.run(rollouts_per_step())
+    per_task, found = asyncio.run(rollouts_per_step())
+    # what the kept model trained on: each step once, no rollout twice, none of a kept step lost
+    assert [row["step"] for row in read_ledger(run_dir)] == list(range(1, STEPS + 1))
+    assert found.clean and not found.unconsumed and found.consumed > 0, found
     assert sorted({step for step, _ in per_task}) == list(range(1, STEPS + 1))
     assert all(count == GROUP for count in per_task.values()), per_task  # no rollout enqueued twice
     assert sum(per_task.values()) == STEPS * TASKS * GROUP

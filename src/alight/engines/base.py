@@ -157,6 +157,11 @@ class Engine(abc.ABC):
         """Longest prompt + response in tokens, where known."""
         return None
 
+    @property
+    def restarts(self) -> int:
+        """How often the engine restarted a server of its own that had died (0 where it has none)."""
+        return 0
+
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load the model or connect; called once before the first request."""
 

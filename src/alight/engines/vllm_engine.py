@@ -21,6 +21,12 @@ trainer's forward pass recomputes. vLLM's `processed_logprobs` are that only whe
 min-p cut is applied (it takes them after the cut); for a request that cuts, the engine records
 no log-probs (the trainer recomputes them) and says so once.
 
+A server that dies (killed for memory, a crash) is restarted on the served directory, so on the
+weights of the last update, with a backoff that doubles and a budget (`max_restarts` within
+`restart_window_s`, `alight.restarts`): a watcher notices the death within `watch_interval_s`, and a
+call in flight when it died is sent again once the server is back, so the agent sees a slower
+answer, not an error. Past the budget, calls fail with EngineUnavailableError (HTTP 502).
+
 Weight updates (vLLM reloads them from the served directory, or restarts) and sleep mode (a
 colocated trainer and vLLM share one GPU by turns) are `alight.engines.vllm_weights`; the request
 bodies and reading the answers, `alight.engines.vllm_requests`.
@@ -56,6 +62,7 @@ from alight.engines.vllm_server import (
     serve_command,
     server_env,
 )
+from alight.engines.vllm_supervision import Supervised
 from alight.engines.vllm_weights import ServedWeights
 from alight.errors import ConfigError, ContextLengthError, EngineUnavailableError, InvalidRequestError
 from alight.models.resolve import TINY
@@ -70,7 +77,7 @@ RELOADS = ("auto", "in_place", "restart")
 GPU_MEMORY_UTILIZATION = 0.5  # the default share of the GPU's memory a started server takes
 
 
-class VLLMEngine(ServedWeights, Engine):
+class VLLMEngine(Supervised, ServedWeights, Engine):
     """Serves `model` (a spec `alight.models.resolve.resolve_model` takes) with a vLLM server process it starts.
 
     With `base_url` it talks to a vLLM server that is already running instead: the model name it
@@ -135,6 +142,10 @@ class VLLMEngine(ServedWeights, Engine):
         request_timeout_s: float = 600.0,
         work_dir: str | os.PathLike[str] | None = None,  # served model links, new weights, vllm.log
         cache_dir: str | os.PathLike[str] | None = None,  # where the tiny model is built
+        max_restarts: int = 5,  # restarts of a server that died, within restart_window_s (0: none)
+        restart_backoff_s: float = 1.0,  # before the first restart; doubles for each one in the window
+        restart_window_s: float = 600.0,
+        watch_interval_s: float = 1.0,  # how often the watcher looks whether the server still runs
     ) -> None:
         if sleep_level not in SLEEP_LEVELS:
             raise ConfigError(f"vllm engine: sleep_level is 1 or 2, not {sleep_level!r}")
@@ -166,9 +177,7 @@ class VLLMEngine(ServedWeights, Engine):
         if reload not in RELOADS:
             raise ConfigError(f"vllm engine: reload is one of {', '.join(RELOADS)}, not {reload!r}")
         self._reload = ("restart" if cpu else "in_place") if reload == "auto" else reload
-        self._kv_cache_gib = kv_cache_gib
-        self._max_model_len = max_model_len
-        self._chat_template_choice = chat_template
+        self._kv_cache_gib, self._max_model_len, self._chat_template_choice = kv_cache_gib, max_model_len, chat_template
         self._request_template: str | None = None  # a template sent with each request (base_url mode)
         self._extra_args = list(extra_args)
         self._startup_timeout_s, self._request_timeout_s = startup_timeout_s, request_timeout_s
@@ -178,11 +187,11 @@ class VLLMEngine(ServedWeights, Engine):
         self._serving_dir: Path | None = None
         self._template_file: Path | None = None
         self._version = 0
-        self._sleep_mode = (not cpu) if sleep_mode is None else sleep_mode
-        self._sleep_level = sleep_level
+        self._sleep_mode, self._sleep_level = (not cpu) if sleep_mode is None else sleep_mode, sleep_level
         self._asleep = False
         self._cannot_sleep = False  # a base_url server without sleep mode: warned once, never asked again
         self._warned_cut = False  # a request with a top-k/top-p/min-p cut: log-probs not recorded (said once)
+        self._supervise(max_restarts, restart_backoff_s, restart_window_s, watch_interval_s)
 
     @property
     def model_names(self) -> list[str]:
@@ -241,7 +250,9 @@ class VLLMEngine(ServedWeights, Engine):
         )
         env = server_env(self._launcher, kv_cache_gib=self._kv_cache_gib)
         self._process = VLLMProcess(command, self._work_dir / "vllm.log", env=env)
+        self._recovery = asyncio.Lock()
         await self._launch()
+        self._start_watching()
 
     async def _check_served_name(self) -> None:
         """The name a base_url server serves: `model` or `served_name` when it serves that, else its only
@@ -280,6 +291,7 @@ class VLLMEngine(ServedWeights, Engine):
 
     async def _launch(self) -> None:
         assert self._process is not None
+        self._launches += 1
         self._process.start()
         self._asleep = False  # a new process starts awake
         try:
@@ -287,8 +299,10 @@ class VLLMEngine(ServedWeights, Engine):
         except BaseException:
             await asyncio.to_thread(self._process.stop)
             raise
+        self._down = None
 
     async def close(self) -> None:
+        await self._stop_watching()
         if self._process is not None:
             await asyncio.to_thread(self._process.stop)
             self._process = None
@@ -296,6 +310,17 @@ class VLLMEngine(ServedWeights, Engine):
     # -- HTTP --------------------------------------------------------------------------------------
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One call to the server; sent again (as often as the restart budget allows) when the
+        server died under it and was restarted."""
+        while True:
+            launch = self._launches
+            try:
+                return await self._send(method, path, body)
+            except EngineUnavailableError:
+                if not await self._recovered(launch):
+                    raise
+
+    async def _send(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         import httpx
 
         try:

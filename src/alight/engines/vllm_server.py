@@ -7,6 +7,7 @@ be written there and reloaded from disk without touching the user's model direct
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -282,7 +283,14 @@ class VLLMProcess:
             time.sleep(0.5)
         raise TimeoutError(f"the vLLM server did not become healthy in {timeout_s:.0f} s; see {self.log_path}")
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
     def stop(self, grace_s: float = 30.0) -> None:
+        """Stop the server and what it started (its engine-core processes): SIGTERM, then SIGKILL
+        after `grace_s`. A server that died already (killed for memory) may have left them
+        running: they are killed at once."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             try:
@@ -293,6 +301,9 @@ class VLLMProcess:
                 proc.wait()
             except ProcessLookupError:
                 pass
+        elif proc is not None:  # died on its own: its group's survivors hold memory (and the port)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
         if self._log is not None:
             self._log.close()
             self._log = None

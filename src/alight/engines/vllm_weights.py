@@ -15,6 +15,7 @@ directory, the order vLLM's sleep-mode guide gives (wake the weights, reload, wa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,6 +41,7 @@ class ServedWeights:
     _asleep: bool
     _cannot_sleep: bool
     _request_timeout_s: float
+    _recovery: asyncio.Lock | None
 
     if TYPE_CHECKING:  # VLLMEngine's
 
@@ -80,8 +82,9 @@ class ServedWeights:
         """Stop the vLLM process and start it again on the served directory (the fallback reload)."""
         if self._process is None:
             raise EngineUnavailableError("vllm engine: no vLLM process to restart")
-        await asyncio.to_thread(self._process.stop)
-        await self._launch()
+        async with self._recovery or contextlib.nullcontext():  # not while the watcher restarts it
+            await asyncio.to_thread(self._process.stop)
+            await self._launch()
 
     # -- sleep mode ------------------------------------------------------------------------------
 

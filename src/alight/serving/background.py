@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from alight.errors import AlightError, ConfigError
+from alight.restarts import RestartPolicy, Restarts
 from alight.serving.advertise import advertised_url, check_advertise_url, local_host, url_of
 
 if TYPE_CHECKING:
@@ -34,11 +35,18 @@ class BackgroundServer:
     uses (loopback for a wildcard bind). A subclass names itself
     (`what`), picks the error class it raises, and may override `before_serving` (run on the
     server's loop before it serves: a failure there is `start()`'s error) and `after_serving`
-    (run there once it has stopped, whatever happened)."""
+    (run there once it has stopped, whatever happened).
+
+    Supervised: when uvicorn stops serving without `stop()` asking it (it raised, or exited), it is
+    started again on the same socket and event loop, so the app's state (the proxy's engine and
+    its weights, the store) lives on and clients retry into it; with the backoff and budget of
+    `restart_policy` (`alight.restarts`), each restart logged and counted (`restarts`). Past the
+    budget the server stays down, and `failure` says why."""
 
     what = "server"
     error: type[AlightError] = ConfigError
     graceful_shutdown_s = 5.0
+    restart_policy = RestartPolicy(backoff_s=0.5, max_backoff_s=10.0, budget=5, window_s=600.0)
 
     def __init__(self, app: Any, *, host: str, port: int, advertise_url: str | None = None) -> None:
         self.host = host
@@ -47,12 +55,25 @@ class BackgroundServer:
         self._url: str | None = None  # the advertised URL, fixed once the port is known
         self._app = app
         self._server: uvicorn.Server | None = None
+        self._config: uvicorn.Config | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # Set when the server thread is done. Waited on instead of Thread.join: a Ctrl-C landing
         # inside join() can leave CPython believing a running thread has ended.
         self._stopped = threading.Event()
         self._failure: BaseException | None = None
+        self._stopping = False  # stop() asked: uvicorn ending is not a death
+        self._restarts = Restarts(self.restart_policy)
+
+    @property
+    def restarts(self) -> int:
+        """How often uvicorn was started again after it stopped unasked."""
+        return self._restarts.count
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the server stopped unasked for good (None while it serves, or after `stop()`)."""
+        return self._failure
 
     @property
     def url(self) -> str:
@@ -84,7 +105,8 @@ class BackgroundServer:
         self._url = self.url
         self._stopped.clear()
         self._failure = None
-        config = uvicorn.Config(
+        self._stopping = False
+        self._config = uvicorn.Config(
             self._app,
             loop="uvloop",
             http="httptools",
@@ -94,8 +116,9 @@ class BackgroundServer:
             log_config=None,  # leave the application's logging setup alone
             timeout_keep_alive=30,  # longer than the store client's idle expiry (4 s): the client closes first
             timeout_graceful_shutdown=int(self.graceful_shutdown_s),
+            lifespan="off" if _lifespan_of(self._app) is not None else "auto",  # entered by `_run`
         )
-        self._server = uvicorn.Server(config)
+        self._server = uvicorn.Server(self._config)
         name = f"alight-{self.what.replace(' ', '-')}-{self.port}"
         self._thread = threading.Thread(target=self._run, args=(self._server, sock), name=name, daemon=True)
         self._thread.start()
@@ -132,7 +155,8 @@ class BackgroundServer:
                     self._failure = err
                     return
                 self._loop = asyncio.get_running_loop()
-                await server.serve(sockets=[sock])
+                async with _lifespan(self._app):  # once, around every restart of uvicorn
+                    await self._serve(server, sock)
             finally:
                 await self.after_serving()
 
@@ -147,6 +171,40 @@ class BackgroundServer:
             self._loop = None
             self._stopped.set()
 
+    async def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
+        """Serve until `stop()`; uvicorn stopping unasked is started again (see the class docstring)."""
+        import uvicorn
+
+        while True:
+            try:
+                await server.serve(sockets=[sock])
+                why = "stopped serving"
+            except Exception as err:
+                why = f"failed ({type(err).__name__}: {err})"
+            if self._stopping:
+                return
+            delay = self._restarts.next_delay()
+            if delay is None:
+                policy = self.restart_policy
+                message = f"the {self.what} on {self.url} {why}, after {policy.budget} restarts within "
+                self._failure = self.error(message + f"{policy.window_s:.0f} s: not again")
+                logger.error("%s", self._failure)
+                return
+            logger.warning("the %s on %s %s; serving again in %.1f s (restart %d)", self.what, self.url, why,
+                           delay, self._restarts.count)  # fmt: skip
+            await asyncio.sleep(delay)
+            sock.close()  # uvicorn closed it already when it stopped in order
+            try:
+                sock = _listen(self.host, self.port, self.what)
+            except ConfigError as err:
+                self._failure = err
+                return
+            assert self._config is not None
+            server = self._server = uvicorn.Server(self._config)
+            if self._stopping:
+                sock.close()
+                return
+
     def run(self, work: Coroutine[Any, Any, T], timeout_s: float | None = 60.0) -> T:
         """Run a coroutine on the server's loop from another thread and return its result."""
         if self._loop is None:
@@ -158,6 +216,7 @@ class BackgroundServer:
         """Shut down gracefully (the requests in flight finish), then end the thread."""
         if self._server is None or self._thread is None:
             return
+        self._stopping = True
         self._server.should_exit = True
         if not self._stopped.wait(timeout_s):
             self._server.force_exit = True
@@ -194,6 +253,18 @@ class BackgroundServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _lifespan_of(app: Any) -> Callable[[Any], contextlib.AbstractAsyncContextManager[Any]] | None:
+    """The lifespan of a Starlette/FastAPI app (None: another ASGI app, whose lifespan uvicorn runs)."""
+    return getattr(getattr(app, "router", None), "lifespan_context", None)
+
+
+def _lifespan(app: Any) -> contextlib.AbstractAsyncContextManager[Any]:
+    """The app's lifespan entered by the server itself, so that a restart of uvicorn keeps what it
+    holds (the proxy's engine and its weights, the store's watchdog)."""
+    lifespan = _lifespan_of(app)
+    return lifespan(app) if lifespan is not None else contextlib.nullcontext()
 
 
 def _listen(host: str, port: int, what: str) -> socket.socket:

@@ -3,7 +3,9 @@
 Each holds the policy as a servable Hugging Face model directory (weights, config, tokenizer: what
 `alight serve` and the engine load), the optimizer state, the RNG states and `trainer_state.json`
 (step, data position, weights version). A checkpoint is written under a temporary name and renamed
-into place, so a run killed while saving leaves the previous checkpoint whole.
+into place, so a run killed while saving leaves the previous checkpoint whole; a disk that fills
+while saving ends the run with one line (TrainingError), the half-written one removed and the
+previous one whole.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from alight.errors import ConfigError
+from alight.errors import ConfigError, TrainingError
 
 if TYPE_CHECKING:
     from alight.backends.base import Backend
 
 CHECKPOINTS = "checkpoints"
+FULL_BELOW_BYTES = 8 << 20  # a failed write in a folder with less room than this ran into a full disk
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
 TOKENIZER_FILES = (
@@ -106,18 +109,44 @@ def save_checkpoint(
     final = step_dir(run_dir, step)
     tmp = final.with_name(f".tmp-{final.name}")
     shutil.rmtree(tmp, ignore_errors=True)
-    backend.save(tmp)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy2(tokenizer_dir / name, tmp / name)
-    torch.save(rng, tmp / RNG_FILE)
-    (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2) + "\n")
+    try:
+        backend.save(tmp)
+        for name in TOKENIZER_FILES:
+            if (tokenizer_dir / name).is_file():
+                shutil.copy2(tokenizer_dir / name, tmp / name)
+        torch.save(rng, tmp / RNG_FILE)
+        (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=2) + "\n")
+    except Exception as err:
+        full = disk_full(err, tmp.parent)
+        shutil.rmtree(tmp, ignore_errors=True)  # a half-written checkpoint only takes the room away
+        if not full:
+            raise
+        previous = latest_checkpoint(run_dir)
+        kept = f"{previous[1]} is whole: make room, then --resume" if previous else "no earlier checkpoint is kept"
+        raise TrainingError(f"the checkpoint of step {step} could not be written: {full}; {kept}") from None
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     for _, old in checkpoints(run_dir)[: -max(keep, 1)]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def disk_full(err: BaseException, folder: Path) -> str | None:
+    """What a write that failed with `err` in `folder` ran into when it is a full disk (or quota),
+    in a few words; None for any other failure. torch and safetensors wrap the OS error in their
+    own exception types (often without its text), so a folder left without room counts too."""
+    import errno
+
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"{os.strerror(err.errno)} in {folder}"
+    if "No space left on device" in str(err) or "Disk quota exceeded" in str(err):
+        return f"No space left on device in {folder}"
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    return f"No space left on device in {folder} ({free >> 10} KiB free)" if free < FULL_BELOW_BYTES else None
 
 
 def load_state(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -14,12 +14,14 @@ import math
 import numbers
 import os
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from alight.config.schema import LoggingConfig
 from alight.errors import ConfigError
+from alight.trainer.ledger import Ledger, append_line
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +62,9 @@ class MetricsLog:
             self._drop_torn_tail()
         elif self.path.exists() and self.path.stat().st_size:
             logger.warning("replacing %s: the run does not resume", self.path)
-        self._file = self.path.open("a" if resume else "w", encoding="utf-8")
+        # unbuffered: a failed write leaves nothing pending to fail again at close
+        self._file = self.path.open("ab" if resume else "wb", buffering=0)
+        self.ledger = Ledger(self.run_dir, resume=resume)
         self._closed = False
 
     def __enter__(self) -> MetricsLog:
@@ -71,14 +75,17 @@ class MetricsLog:
     ) -> None:
         self.close()
 
-    def log(self, metrics: dict[str, Any]) -> None:
-        """Append one step's metrics (`metrics["step"]` is required) and make it durable."""
+    def log(self, metrics: dict[str, Any], consumed: Sequence[Sequence[str]] | None = None) -> None:
+        """Append one step's metrics (`metrics["step"]` is required) and make it durable; with
+        `consumed`, the (rollout, attempt) ids its update trained on go to the ledger first
+        (`alight.trainer.ledger`)."""
         if "step" not in metrics:
             raise ValueError("metrics need a 'step'")
         row = {str(k): _json_value(v) for k, v in metrics.items()}
-        self._file.write(json.dumps(row, separators=(",", ":"), allow_nan=False) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        if consumed is not None:  # first: the metrics line is what says the step is done
+            self.ledger.append(int(metrics["step"]), consumed)
+        line = (json.dumps(row, separators=(",", ":"), allow_nan=False) + "\n").encode()
+        append_line(self._file, line, self.run_dir, f"the metrics of step {metrics['step']}")
         step = int(metrics["step"])
         scalars = {k: v for k, v in row.items() if k != "step" and _is_number(v)}
         if self._tensorboard is not None:
@@ -99,7 +106,8 @@ class MetricsLog:
         self._file.close()
         os.replace(tmp, self.path)
         _fsync_dir(self.run_dir)
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = self.path.open("ab", buffering=0)
+        self.ledger.truncate_after(step)
         if self._tensorboard is not None:
             # TensorBoard drops the older files' points from purge_step on, so redone steps are not drawn twice.
             self._tensorboard.close()
@@ -159,6 +167,7 @@ class MetricsLog:
             return None
         self._closed = True
         self._file.close()
+        self.ledger.close()
         png = None
         if self.cfg.plot:
             try:

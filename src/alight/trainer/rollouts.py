@@ -137,6 +137,20 @@ class StepRollouts:
             raise RuntimeError("the stack is not started")
         return server.proxy
 
+    def faults(self) -> dict[str, int]:
+        """What the stack survived so far in this process: restarts of the engine's server, the proxy
+        and the store server after they died, and runner workers that died or were killed."""
+        stack, found = self.stack, {}
+        if stack.proxy_server is not None:
+            found["faults/engine_restarts"] = stack.proxy_server.proxy.engine.restarts
+            found["faults/proxy_restarts"] = stack.proxy_server.restarts
+        if stack.store_server is not None:
+            found["faults/store_restarts"] = stack.store_server.restarts
+        if stack.pool is not None:
+            stats = stack.pool.stats()
+            found["faults/runners_died"], found["faults/runners_killed"] = stats.workers_died, stats.workers_killed
+        return found
+
     def set_sampling(self, ids: Sequence[str], sampling: Mapping[str, Any] | None) -> None:
         self._proxy().set_rollout_sampling(ids, sampling)
 

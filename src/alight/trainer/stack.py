@@ -146,6 +146,11 @@ class LocalStack:
             raise
         return self
 
+    @property
+    def store_server(self) -> StoreServer | None:
+        """The store server this stack started (None: it uses `store.url`'s)."""
+        return self._store_server
+
     def _tell_remote_runners(self) -> None:
         """Log the command that runs agents for this run on another machine: a warning when no
         runner runs here (nothing happens until one starts), else only when other machines can

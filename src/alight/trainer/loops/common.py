@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from alight.trainer.ledger import CONSUMED, consumed
 from alight.trainer.policy import Policy
 from alight.trainer.result import FitResult
 from alight.trainer.rollouts import StepRollouts
@@ -111,6 +112,8 @@ async def train_metrics(
         "throughput/tokens_per_s": tokens / generation_s if generation_s > 0 else 0.0,
         "throughput/update_tokens_per_s": update_tokens / update_s if update_s > 0 else 0.0,
         "weights_version": step if batch is not None else step - 1,
+        **rollouts.faults(),
+        CONSUMED: consumed(batch),  # to the run's ledger, not the metrics (alight.trainer.ledger)
     }
 
 
