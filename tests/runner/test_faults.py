@@ -88,3 +88,41 @@ def test_every_rollout_ends_and_the_pool_survives_its_faults(store_server: Any) 
     assert stats.workers_alive == 3
     assert stats.attempts_succeeded == 49  # every rollout but 31 succeeds once
     assert elapsed < 60
+
+
+@pytest.mark.timeout(120)
+def test_a_runner_stopped_with_sigstop_past_its_deadline_is_killed_and_its_rollout_runs_again(
+    store_server: Any,
+) -> None:
+    """SIGSTOP freezes a worker (a host swapping, a debugger): it can neither finish nor answer.
+    Past its attempt's deadline the supervisor kills it (SIGKILL reaches a stopped process), the
+    attempt times out, the rollout runs again elsewhere, and a fresh worker takes the seat."""
+    import os
+    import signal
+
+    import psutil
+
+    url = store_server.url
+
+    async def enqueue() -> list[str]:
+        async with StoreClient(url) as client:
+            rollouts = [Rollout(task=Task(input={"sleep": 1.0}), max_attempts=2, timeout_s=3.0) for _ in range(6)]
+            return [r.rollout_id for r in await client.enqueue(rollouts)]
+
+    ids = asyncio.run(enqueue())
+    with RunnerPool(f"{AGENTS}:slow", url, n_runners=2, kill_grace_s=1.0, instrument=False) as pool:
+        deadline = time.monotonic() + 60
+        while pool.stats().workers_busy < 2:  # both workers hold an attempt
+            assert time.monotonic() < deadline, pool.stats()
+            time.sleep(0.05)
+        workers = [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) == 2
+        os.kill(workers[0].pid, signal.SIGSTOP)
+        assert pool.wait_for_idle(timeout_s=60), pool.stats()
+        stats = pool.stats()
+    rollouts, attempts = asyncio.run(_results(url, ids))
+    assert all(r.status is RolloutStatus.SUCCEEDED for r in rollouts), [r.status for r in rollouts]
+    timed_out = [tries for tries in attempts if tries[0].status is AttemptStatus.TIMEOUT]
+    assert len(timed_out) == 1 and timed_out[0][1].status is AttemptStatus.SUCCEEDED  # ran again, once
+    assert stats.workers_killed == 1 and stats.workers_restarted >= 1
+    assert not workers[0].is_running() or workers[0].status() == psutil.STATUS_ZOMBIE
