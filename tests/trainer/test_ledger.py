@@ -37,7 +37,7 @@ def test_the_audit_finds_what_was_trained_twice_lost_or_not_the_latest_attempt(t
     async def scenario() -> tuple[Audit, list[str]]:
         store = MemoryStore()
         ids = []
-        for step in (1, 1, 1, 2, 3):  # five rollouts; the last of step 3, past the ledger's steps
+        for step in (1, 1, 1, 2, 3, 1):  # six rollouts; ids[4] of step 3, past the ledger's steps
             [rollout] = await store.enqueue([Rollout(task=Task(input="x"), max_attempts=2, metadata={"step": step})])
             ids.append(rollout.rollout_id)
         attempts = {}
@@ -54,7 +54,7 @@ def test_the_audit_finds_what_was_trained_twice_lost_or_not_the_latest_attempt(t
             await store.finish_attempt(held[-1], AttemptStatus.SUCCEEDED, reward=1.0)
         with MetricsLog(tmp_path, LoggingConfig(plot=False), run_name="r") as log:
             log.log({"step": 1}, [[ids[0], attempts[ids[0]][0]], [ids[2], first_of_retried]])
-            log.log({"step": 2}, [[ids[0], attempts[ids[0]][0]], [ids[3], attempts[ids[3]][0]]])
+            log.log({"step": 2}, [[ids[0], attempts[ids[0]][0]], [ids[3], attempts[ids[3]][0]]], [ids[5]])
         return await audit(store, tmp_path), ids
 
     found, ids = asyncio.run(scenario())
@@ -63,3 +63,4 @@ def test_the_audit_finds_what_was_trained_twice_lost_or_not_the_latest_attempt(t
     assert found.lost == [ids[1]]  # of step 1, succeeded, never trained on
     assert found.not_latest == [ids[2]]  # trained on its failed first attempt
     assert found.unconsumed == [ids[4]]  # of step 3: the ledger ends at step 2
+    assert found.set_aside == 1  # ids[5]: left out on purpose (stale), so not lost

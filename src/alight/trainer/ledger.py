@@ -1,6 +1,7 @@
 """What each training step consumed: `consumed.jsonl` in the run directory, one line per step,
 `{"step": s, "attempts": [[rollout_id, attempt_id], ...]}`: the distinct attempts whose
-transitions the step's update trained on.
+transitions the step's update trained on, and `"set_aside": [rollout_id, ...]` where the step left
+succeeded rollouts out on purpose (the async loop's groups past its staleness bound).
 
 It is written with the step's metrics and cut back with them when a run resumes from a
 checkpoint (the steps after it are redone), so the file lists what the model of the run's last
@@ -31,6 +32,8 @@ LEDGER_FILE = "consumed.jsonl"
 #: The key of a step's metrics under which the loop hands over its consumed attempts (`consumed`);
 #: `RunSession.record` takes it out before the metrics are logged or shown.
 CONSUMED = "_consumed"
+#: The key of the rollouts a step set aside without training on them (the async loop's stale groups).
+SET_ASIDE = "_set_aside"
 
 
 def consumed(batch: TransitionBatch | None) -> list[list[str]]:
@@ -78,8 +81,11 @@ class Ledger:
         self.path = self.run_dir / LEDGER_FILE
         self._file = self.path.open("ab" if resume else "wb", buffering=0)
 
-    def append(self, step: int, attempts: Sequence[Sequence[str]]) -> None:
-        line = json.dumps({"step": step, "attempts": [list(pair) for pair in attempts]}, separators=(",", ":"))
+    def append(self, step: int, attempts: Sequence[Sequence[str]], set_aside: Sequence[str] = ()) -> None:
+        row: dict[str, Any] = {"step": step, "attempts": [list(pair) for pair in attempts]}
+        if set_aside:
+            row["set_aside"] = list(set_aside)
+        line = json.dumps(row, separators=(",", ":"))
         append_line(self._file, (line + "\n").encode(), self.run_dir, f"the consumed attempts of step {step}")
 
     def truncate_after(self, step: int) -> None:
@@ -103,6 +109,7 @@ class Audit:
     consumed: int  # attempts trained on
     twice: list[str] = field(default_factory=list)  # rollouts trained on in two steps (or two attempts)
     lost: list[str] = field(default_factory=list)  # succeeded training rollouts of a kept step, never trained on
+    set_aside: int = 0  # rollouts the ledger says were left out on purpose (stale)
     not_latest: list[str] = field(default_factory=list)  # trained on an attempt other than the rollout's last
     unconsumed: list[str] = field(default_factory=list)  # succeeded, of a later step (in flight at the end)
 
@@ -123,8 +130,10 @@ async def audit(store: Store, run_dir: Path) -> Audit:
     result = Audit(steps=len(rows), consumed=len(pairs))
     result.twice = sorted(r for r, n in by_rollout.items() if n > 1)
     last = max((row["step"] for row in rows), default=0)
+    aside = {str(r) for row in rows for r in row.get("set_aside", [])}
+    result.set_aside = len(aside)
     for rollout in await store.list_rollouts(mode=RolloutMode.TRAIN):
-        if rollout.status != RolloutStatus.SUCCEEDED or rollout.rollout_id in by_rollout:
+        if rollout.status != RolloutStatus.SUCCEEDED or rollout.rollout_id in by_rollout or rollout.rollout_id in aside:
             continue
         step = rollout.metadata.get("step")
         (result.lost if isinstance(step, int) and step <= last else result.unconsumed).append(rollout.rollout_id)

@@ -75,15 +75,17 @@ class MetricsLog:
     ) -> None:
         self.close()
 
-    def log(self, metrics: dict[str, Any], consumed: Sequence[Sequence[str]] | None = None) -> None:
+    def log(
+        self, metrics: dict[str, Any], consumed: Sequence[Sequence[str]] | None = None, set_aside: Sequence[str] = ()
+    ) -> None:
         """Append one step's metrics (`metrics["step"]` is required) and make it durable; with
-        `consumed`, the (rollout, attempt) ids its update trained on go to the ledger first
-        (`alight.trainer.ledger`)."""
+        `consumed`, the (rollout, attempt) ids its update trained on (and the rollouts it `set_aside`)
+        go to the ledger first (`alight.trainer.ledger`)."""
         if "step" not in metrics:
             raise ValueError("metrics need a 'step'")
         row = {str(k): _json_value(v) for k, v in metrics.items()}
         if consumed is not None:  # first: the metrics line is what says the step is done
-            self.ledger.append(int(metrics["step"]), consumed)
+            self.ledger.append(int(metrics["step"]), consumed, set_aside)
         line = (json.dumps(row, separators=(",", ":"), allow_nan=False) + "\n").encode()
         append_line(self._file, line, self.run_dir, f"the metrics of step {metrics['step']}")
         step = int(metrics["step"])

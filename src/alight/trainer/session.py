@@ -27,7 +27,7 @@ from alight.errors import TrainingError
 from alight.trainer import checkpoint as ckpt
 from alight.trainer.events import Watchers
 from alight.trainer.interrupt import GracefulStop
-from alight.trainer.ledger import CONSUMED
+from alight.trainer.ledger import CONSUMED, SET_ASIDE
 from alight.trainer.metrics import MetricsLog
 from alight.trainer.result import FitResult
 from alight.trainer.threads import ThreadPolicy
@@ -196,10 +196,10 @@ class RunSession:
     def record(self, metrics: dict[str, Any]) -> None:
         """Log one step's metrics (non-finite floats as null) and tell the watchers; a step all of
         whose rollouts failed ends the run."""
-        consumed = metrics.pop(CONSUMED, None)
+        consumed, set_aside = metrics.pop(CONSUMED, None), metrics.pop(SET_ASIDE, ())
         metrics["time_s"] = round(time.monotonic() - self.started, 3)
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
-        self.log.log(clean, consumed)
+        self.log.log(clean, consumed, set_aside)
         self.events.on_step(clean)
         if (clean.get("step") or 0) > 0 and clean.get("rollouts/succeeded", 1) == 0:
             raise TrainingError(f"step {clean['step']}: every rollout failed; see {self.run_dir / LOG_FILE}")

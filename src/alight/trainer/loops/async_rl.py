@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from alight.trainer.ledger import SET_ASIDE
 from alight.trainer.loops import LoopInput, LoopKind
 from alight.trainer.loops.common import (
     adapt,
@@ -102,6 +103,7 @@ class AsyncRLLoop(LoopKind):
         metrics = await train_metrics(rollouts, step, ended, batch, update, timings, busy=busy, since=wall_started)
         metrics["epoch"] = round(feeder.sampler.epoch, 3)
         metrics.update(self._staleness(groups, feeder, before))
+        metrics[SET_ASIDE], feeder.set_aside = feeder.set_aside, []  # to the ledger: stale, not trained on
         if stats is not None:
             metrics["adapter/truncated"] = stats.prompts_truncated + stats.responses_truncated
         metrics["timing/step_s"] = time.monotonic() - started

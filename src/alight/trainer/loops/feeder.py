@@ -88,6 +88,7 @@ class Feeder:
         self.retry: list[Group] = []  # requeued tasks waiting for room under the bound
         self.batches = 0  # batches drawn from the sampler so far
         self.counts: Counter[str] = Counter()  # dropped, requeued, resume_*: totals
+        self.set_aside: list[str] = []  # rollouts of stale groups since the last step took them
         self.reusable: dict[str, list[str]] = {}  # gid -> a killed run's rollouts for a group not yet enqueued
         self._seen_ended: set[str] = set()  # outstanding rollouts seen ended (an ended rollout stays ended)
         if state:
@@ -203,6 +204,7 @@ class Feeder:
         return min(olds) if olds else None
 
     async def _stale(self, group: Group) -> None:
+        self.set_aside += group.ids  # not trained on: the step's ledger line says so
         if self.on_stale == "requeue":
             self.counts["requeued"] += 1
             again = group.requeues + 1
