@@ -84,8 +84,8 @@ CASES = {
     "calc_sync": Case("configs/calc.yaml", tuple(CALC), NO_ENGINE),
     "calc_async": Case("configs/calc.yaml", (*CALC, "trainer.mode=async"), NO_ENGINE),
     "calc_smol": Case(
-        "configs/calc_autogen_smol.yaml",
-        ("trainer.steps=6", "trainer.val_every=2", "trainer.save_every=1", "runner.timeout_s=60"),
+        "configs/calc_smol.yaml",  # SmolLM2-135M: 6 steps, validation at each
+        ("trainer.save_every=1", "runner.timeout_s=60"),
         NO_ENGINE,
     ),
     "calc_vllm": Case(
@@ -99,6 +99,8 @@ CASES = {
             "runner.timeout_s=60",
             "engine.kind=vllm",
             f"+engine.options.python={VLLM_PYTHON}",
+            "+engine.options.kv_cache_gib=1",
+            "+engine.options.dtype=float32",
         ),
         ("engine_kill", "proxy_drop", "runner_kill"),
     ),
