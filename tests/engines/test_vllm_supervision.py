@@ -77,7 +77,7 @@ async def test_a_call_in_flight_when_the_server_dies_is_answered_by_the_restarte
 ) -> None:
     from safetensors.torch import load_file
 
-    monkeypatch.setenv("FAKE_VLLM_DELAY_S", "1.0")  # each answer takes a second: time to kill it mid-call
+    monkeypatch.setenv("FAKE_VLLM_DELAY_S", "2.0")  # each answer takes 2 s: time to kill it mid-call
     engine = _engine(tiny_dir, tmp_path, watch_interval_s=60.0)  # no watcher: the call itself recovers
     request = ChatRequest(model="tiny", messages=MESSAGES)
     await engine.start()
@@ -111,6 +111,21 @@ async def test_the_watcher_restarts_a_dead_server_before_any_call(
     finally:
         await engine.close()
     assert any("exited with code -9; restarting it" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_call_made_while_the_server_restarts_waits_for_it(
+    fake_vllm: None, tiny_dir: Path, tmp_path: Path
+) -> None:
+    engine = _engine(tiny_dir, tmp_path, restart_backoff_s=0.5)
+    await engine.start()
+    try:
+        _kill(engine)
+        await _wait_for(lambda: engine._recovery is not None and engine._recovery.locked())  # the watcher restarts it
+        # answered once the server is back, not after a failed send hangs in connection retries
+        answer = await asyncio.wait_for(engine.chat(ChatRequest(model="tiny", messages=MESSAGES)), 30)
+        assert answer.text.startswith("weights ") and engine.restarts == 1
+    finally:
+        await engine.close()
 
 
 async def test_past_its_budget_a_dying_server_fails_calls_at_once(
@@ -154,3 +169,23 @@ async def test_a_server_that_cannot_start_again_is_tried_again_at_the_next_call(
 def test_restart_settings_are_checked() -> None:
     with pytest.raises(ConfigError, match="max_restarts"):
         VLLMEngine("tiny", base_url="http://127.0.0.1:1/v1", max_restarts=-1)
+
+
+async def test_a_temporary_work_dir_loses_its_weight_copies_at_close_and_keeps_the_log(
+    fake_vllm: None, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without `work_dir` the engine serves from a temporary folder: left behind, its copies of a
+    real model's weights (hundreds of MB a run) would fill /tmp run after run."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    engine = VLLMEngine("tiny", cache_dir=tiny_dir, startup_timeout_s=60)
+    await engine.start()
+    folder = engine._work_dir
+    assert folder is not None and folder.parent == tmp_path and (folder / "model" / "config.json").is_file()
+    await engine.close()
+    assert not (folder / "model").exists() and (folder / "vllm.log").is_file()
+    kept = _engine(tiny_dir, tmp_path / "given")  # a folder the caller names is left as it is
+    await kept.start()
+    await kept.close()
+    assert (tmp_path / "given" / "model" / "config.json").is_file()

@@ -5,7 +5,7 @@ dropped call never becomes a transition the agent did not use).
 
 The drop is real: agents reach the proxy through a TCP relay (benchmarks/faults.py, the fault
 soak's) that aborts every connection it carries; behind the proxy, the stand-in vLLM server
-(tests/engines/fake_vllm.py) takes a second per answer, so the call is in flight when it drops."""
+(tests/engines/fake_vllm.py) takes 2 s per answer, so the call is in flight when it drops."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_a_call_whose_connection_drops_is_sent_again_and_recorded_once(
 ) -> None:
     script = Path(__file__).parents[1] / "engines" / "fake_vllm.py"
     monkeypatch.setattr(vllm_engine, "find_vllm", lambda *a, **k: VLLMLauncher((sys.executable, str(script)), "gpu"))
-    monkeypatch.setenv("FAKE_VLLM_DELAY_S", "1.0")
+    monkeypatch.setenv("FAKE_VLLM_DELAY_S", "2.0")
     engine = VLLMEngine("tiny", cache_dir=tiny_dir, work_dir=tmp_path, startup_timeout_s=60)
     log = tmp_path / "vllm.log"
     with ProxyServer(Proxy(engine, MemoryStore(), version=1)) as server:

@@ -38,6 +38,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -182,6 +183,7 @@ class VLLMEngine(Supervised, ServedWeights, Engine):
         self._extra_args = list(extra_args)
         self._startup_timeout_s, self._request_timeout_s = startup_timeout_s, request_timeout_s
         self._work_dir = Path(work_dir) if work_dir is not None else None
+        self._own_work_dir = False  # made by the engine (a temporary folder): its weight copies go at close
         self._cache_dir = cache_dir
         self._process: VLLMProcess | None = None
         self._serving_dir: Path | None = None
@@ -279,6 +281,7 @@ class VLLMEngine(Supervised, ServedWeights, Engine):
 
         if self._work_dir is None:
             self._work_dir = Path(tempfile.mkdtemp(prefix="alight-vllm-"))
+            self._own_work_dir = True
         from alight.models.resolve import resolve_model
 
         source = resolve_model(self._source, tiny_dir=self._cache_dir)
@@ -291,7 +294,6 @@ class VLLMEngine(Supervised, ServedWeights, Engine):
 
     async def _launch(self) -> None:
         assert self._process is not None
-        self._launches += 1
         self._process.start()
         self._asleep = False  # a new process starts awake
         try:
@@ -300,25 +302,34 @@ class VLLMEngine(Supervised, ServedWeights, Engine):
             await asyncio.to_thread(self._process.stop)
             raise
         self._down = None
+        self._launches += 1  # a server that answers: calls that failed on the one before may go again
 
     async def close(self) -> None:
         await self._stop_watching()
         if self._process is not None:
             await asyncio.to_thread(self._process.stop)
             self._process = None
+        if self._own_work_dir and self._serving_dir is not None:  # a temporary folder of ours: its weight
+            shutil.rmtree(self._serving_dir, ignore_errors=True)  # copies go (hundreds of MB); the log stays
 
     # -- HTTP --------------------------------------------------------------------------------------
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """One call to the server; sent again (as often as the restart budget allows) when the
         server died under it and was restarted."""
+        import httpx
+
         while True:
+            if self._recovery is not None and self._recovery.locked():
+                async with self._recovery:  # a restart is under way: wait for it, do not fail on it
+                    pass
             launch = self._launches
             try:
                 return await self._send(method, path, body)
-            except EngineUnavailableError:
-                if not await self._recovered(launch):
-                    raise
+            except EngineUnavailableError as err:
+                unreachable = isinstance(err.__cause__, httpx.TransportError)
+                if not (unreachable or self._died()) or not await self._recovered(launch):
+                    raise  # a server that answers with an error: its answer stands
 
     async def _send(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         import httpx

@@ -43,7 +43,7 @@ class Supervised:
             ) from None
         self._restarts = Restarts(policy)
         self._watch_interval_s = watch_interval_s
-        self._launches = 0  # servers started so far: a failed call knows which one it reached
+        self._launches = 0  # servers that came up so far: a failed call knows which one it reached
         self._down: str | None = None  # why no server runs now (a restart failed), until one starts
         self._given_up: str | None = None  # the budget is spent: every call fails with this
         self._recovery: asyncio.Lock | None = None  # one restart at a time (calls, watcher, updates)
