@@ -4,7 +4,8 @@
 OpenAI server) serves the scripted OpenAI server on that
 port; its answer names a digest of MODEL_DIR/model.safetensors, re-read on start and on
 `reload_weights`, so a test can tell which weights are served. Exits with code 3 when
-MODEL_DIR/crash exists; answers reload_weights with 404 while MODEL_DIR/no_reload exists.
+MODEL_DIR/crash exists (once, deleting it, for MODEL_DIR/crash_once); answers reload_weights
+with 404 while MODEL_DIR/no_reload exists.
 
 Sleep mode as vLLM 0.31 serves it: `POST /sleep?level=N`, `POST /wake_up[?tags=...]` and
 `GET /is_sleeping` exist only with VLLM_SERVER_DEV_MODE=1 (else 404), and /sleep answers 500 unless
@@ -77,6 +78,9 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     model = Path(args.model)
     if (model / "crash").exists():
+        sys.exit(3)
+    if (model / "crash_once").exists():  # dies while starting once (killed for memory), then starts
+        (model / "crash_once").unlink()
         sys.exit(3)
     server = FakeVLLMServer(Reply(), model=None, port=args.port)
     server.sleep_endpoints = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"

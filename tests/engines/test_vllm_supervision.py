@@ -189,3 +189,25 @@ async def test_a_temporary_work_dir_loses_its_weight_copies_at_close_and_keeps_t
     await kept.start()
     await kept.close()
     assert (tmp_path / "given" / "model" / "config.json").is_file()
+
+
+async def test_a_server_that_dies_while_restarting_on_new_weights_is_started_again_on_them(
+    fake_vllm: None, tiny_dir: Path, tmp_path: Path
+) -> None:
+    """The CPU build loads new weights by a restart: a server killed while that restart starts
+    (the soak's engine kill found it) is started again, within the budget, not a failed run."""
+    from safetensors.torch import load_file
+
+    engine = _engine(tiny_dir, tmp_path, reload="restart", watch_interval_s=60.0)
+    request = ChatRequest(model="tiny", messages=MESSAGES)
+    await engine.start()
+    try:
+        original = (await engine.chat(request)).text
+        (tmp_path / "model" / "crash_once").touch()  # the next start dies (exit code 3)
+        state = {k: v + 1.0 for k, v in load_file(str(tiny_dir / "model.safetensors")).items()}
+        await engine.update_weights(state, 2)
+        answer = await engine.chat(request)
+        assert answer.text != original and answer.weights_version == 2 and engine.restarts == 1
+        assert _log_count(tmp_path, "fake vllm serving") == 2  # at start, and after the start that died
+    finally:
+        await engine.close()

@@ -128,6 +128,18 @@ class Supervised:
             raise EngineUnavailableError(f"vllm engine: the vLLM server {self._down}") from None
         logger.warning("vllm engine: the vLLM server is back (restart %d)", self._restarts.count)
 
+    async def _restart_until_up(self, why: str) -> None:
+        """Restart the server until one comes up, within the budget (EngineUnavailableError past
+        it); called holding `_recovery`."""
+        while True:
+            try:
+                await self._restart(why)
+                return
+            except EngineUnavailableError:
+                if self._given_up is not None:
+                    raise
+                why = self._down or why
+
     async def _watch(self) -> None:
         """Restart the server soon after it dies, not at the next call (a run between steps)."""
         while True:

@@ -52,6 +52,8 @@ class ServedWeights:
 
         async def _launch(self) -> None: ...
 
+        async def _restart_until_up(self, why: str) -> None: ...
+
     # -- weights -------------------------------------------------------------------------------------
 
     async def update_weights(self, weights: Mapping[str, Any] | str, version: int) -> None:
@@ -84,7 +86,12 @@ class ServedWeights:
             raise EngineUnavailableError("vllm engine: no vLLM process to restart")
         async with self._recovery or contextlib.nullcontext():  # not while the watcher restarts it
             await asyncio.to_thread(self._process.stop)
-            await self._launch()
+            try:
+                await self._launch()
+            except (ConfigError, TimeoutError) as err:  # died while starting (killed for memory): supervised
+                if self._recovery is None:
+                    raise
+                await self._restart_until_up(f"died while starting on new weights ({err})")
 
     # -- sleep mode ------------------------------------------------------------------------------
 
