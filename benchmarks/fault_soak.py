@@ -20,7 +20,8 @@ Rows per case (STYLE.md's format):
   survived                  faults after which the run went on to log another step (or ended well)
   lost_s/<kind>             median seconds the step a fault hit took beyond the same step of the
                             fault-free runs (their median); trainer_kill: from the kill to the
-                            resumed run's next step, beyond that step's fault-free time
+                            resumed run's next step, beyond that step's fault-free time. Faults
+                            that hit one step share its overrun (faults faster than steps)
   restarts/<part>           restarts counted by the run (faults/* metrics summed over its processes)
   transitions_lost          succeeded training rollouts of a kept step never trained on (ledger audit)
   trained_twice             rollouts trained on in two steps (ledger audit)

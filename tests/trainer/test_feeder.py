@@ -36,8 +36,9 @@ class Events:
 def make_feeder(store: MemoryStore, *, batch: int, group: int, staleness_: int, on_stale: str = "drop") -> Feeder:
     cfg = ExperimentConfig()
     cfg.data.input_field = "question"
-    proxy = SimpleNamespace(set_rollout_sampling=lambda ids, sampling: None)
-    stack = SimpleNamespace(proxy_server=SimpleNamespace(proxy=proxy), n_runners=2)
+    proxy = SimpleNamespace(set_rollout_sampling=lambda ids, sampling: None, engine=SimpleNamespace(restarts=0))
+    server = SimpleNamespace(proxy=proxy, restarts=0)
+    stack = SimpleNamespace(proxy_server=server, store_server=None, pool=None, n_runners=2)
     rollouts = StepRollouts(store, stack, cfg, Events())  # type: ignore[arg-type]
     sampler = TaskSampler(len(ROWS), batch, seed=0)
     return Feeder(

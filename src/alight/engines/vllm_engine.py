@@ -314,23 +314,6 @@ class VLLMEngine(Supervised, ServedWeights, Engine):
 
     # -- HTTP --------------------------------------------------------------------------------------
 
-    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """One call to the server; sent again (as often as the restart budget allows) when the
-        server died under it and was restarted."""
-        import httpx
-
-        while True:
-            if self._recovery is not None and self._recovery.locked():
-                async with self._recovery:  # a restart is under way: wait for it, do not fail on it
-                    pass
-            launch = self._launches
-            try:
-                return await self._send(method, path, body)
-            except EngineUnavailableError as err:
-                unreachable = isinstance(err.__cause__, httpx.TransportError)
-                if not (unreachable or self._died()) or not await self._recovered(launch):
-                    raise  # a server that answers with an error: its answer stands
-
     async def _send(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         import httpx
 

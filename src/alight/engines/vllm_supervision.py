@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from alight.engines.vllm_server import VLLMProcess
 from alight.errors import ConfigError, EngineUnavailableError
@@ -33,6 +33,8 @@ class Supervised:
     if TYPE_CHECKING:  # VLLMEngine's
 
         async def _launch(self) -> None: ...
+
+        async def _send(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any: ...
 
     def _supervise(self, max_restarts: int, backoff_s: float, window_s: float, watch_interval_s: float) -> None:
         try:
@@ -53,6 +55,23 @@ class Supervised:
     def restarts(self) -> int:
         """Restarts of a server that had died (not those of weight updates)."""
         return self._restarts.count
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One call to the server; sent again (as often as the restart budget allows) when the
+        server died under it and was restarted."""
+        import httpx
+
+        while True:
+            if self._recovery is not None and self._recovery.locked():
+                async with self._recovery:  # a restart is under way: wait for it, do not fail on it
+                    pass
+            launch = self._launches
+            try:
+                return await self._send(method, path, body)
+            except EngineUnavailableError as err:
+                unreachable = isinstance(err.__cause__, httpx.TransportError)
+                if not (unreachable or self._died()) or not await self._recovered(launch):
+                    raise  # a server that answers with an error: its answer stands
 
     def _start_watching(self) -> None:
         self._watcher = asyncio.create_task(self._watch(), name="alight-vllm-watcher")
