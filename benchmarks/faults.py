@@ -16,6 +16,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from alight.sandbox.namespace_init import pipe  # the local sandbox's relay copies bytes the same way
+
 #: What the soak can do to a run, one fault at a time.
 KINDS = ("runner_kill", "runner_stop", "engine_kill", "store_restart", "proxy_drop", "trainer_kill")
 
@@ -91,7 +93,7 @@ class Relay:
         pair = (writer, up_writer)
         self._pairs.add(pair)
         try:
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer), return_exceptions=True)
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
         finally:
             self._pairs.discard(pair)
             for side in pair:
@@ -118,10 +120,3 @@ class Relay:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stopping.set)
             self._thread.join(10)
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    while chunk := await reader.read(1 << 16):
-        writer.write(chunk)
-        await writer.drain()
-    writer.close()
